@@ -1,0 +1,414 @@
+"""Typed, frozen configuration: one dataclass per section, loaded from YAML.
+
+A config file has three sections, ``model``, ``data`` and ``train``; each component receives
+only its own. Every key is checked once, at load: unknown keys, wrong types and impossible
+combinations raise :class:`ConfigError` with a one-line message that names the key and says
+what is allowed. Command-line overrides use dotted names (``train.lr=3e-4``) and go through
+the same checks as the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class LMError(Exception):
+    """An error caused by the user's input; the CLI prints its message as one line, exit 2."""
+
+
+class ConfigError(LMError):
+    """A config key is unknown, of the wrong type, or impossible together with another."""
+
+
+POSITIONS = ("rope", "sinusoidal", "learned", "alibi", "none")
+ATTENTION_KERNELS = ("sdpa", "math")
+
+
+def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{section}.{name}: must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network: a decoder-only transformer as in the notes."""
+
+    vocab_size: int | None = None
+    """Number of token ids; filled in from the tokenizer when training from a config."""
+    context_length: int = 256
+    """Longest sequence the model is trained on (L in the notes)."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; each has width d_model / n_head (d_k in the notes)."""
+    d_model: int = 128
+    """Width of the residual stream (d in the notes)."""
+    d_ff: int | None = None
+    """Hidden width of the token-wise MLP; default 4 * d_model."""
+    position: str = "rope"
+    """Position scheme: rope | sinusoidal | learned | alibi | none."""
+    rope_base: float = 10000.0
+    """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches during training."""
+    attention: str = "sdpa"
+    """Attention kernel: sdpa (fused, fast) | math (the notes' explicit softmax)."""
+    bias: bool = False
+    """Biases in linear layers and norms (the notes omit them)."""
+    tie_embeddings: bool = True
+    """Share the token embedding matrix with the output head."""
+    norm_eps: float = 1e-5
+    """Epsilon of LayerNorm."""
+
+    def __post_init__(self) -> None:
+        s = "model"
+        _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
+        _positive(s, self, "rope_base", "norm_eps")
+        _choice(s, "position", self.position, POSITIONS)
+        _choice(s, "attention", self.attention, ATTENTION_KERNELS)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
+            )
+        if self.position == "rope" and self.head_dim % 2:
+            raise ConfigError(
+                f"model.position: rope rotates feature pairs, so the head width "
+                f"d_model/n_head={self.head_dim} must be even"
+            )
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(
+                f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+DATA_MODES = ("packed", "padded")
+SPLIT_BY = ("file", "line", "paragraph")
+VAL_SPLITS = ("tail", "random")
+BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where text comes from, how it becomes token ids, and how ids become batches."""
+
+    source: str = "builtin:python-docs"
+    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; or builtin:python-docs."""
+    config_name: str | None = None
+    """Hub dataset configuration (for example wikitext-2-raw-v1)."""
+    split: str = "train"
+    """Hub split to train on."""
+    streaming: bool = False
+    """Stream a Hub dataset instead of downloading it whole (use with max_documents)."""
+    max_documents: int | None = None
+    """Use only the first N documents of the source."""
+    split_by: str = "file"
+    """For .txt sources, one document per: file | line | paragraph (blank-line separated)."""
+    text_field: str = "text"
+    """Field holding the text in .jsonl/.json/.parquet and Hub sources."""
+    tokenizer: str = "char"
+    """char | byte | bpe | a path to a tokenizer.json."""
+    vocab_size: int | None = None
+    """Vocabulary size to train a bpe tokenizer to (specials included)."""
+    mode: str = "packed"
+    """packed (documents joined into one stream, random windows) | padded (one doc per row)."""
+    document_mask: bool = False
+    """In packed mode, keep attention inside each document and restart positions at each."""
+    val_fraction: float = 0.1
+    """Fraction held out for validation when the source has no validation split."""
+    val_split: str = "tail"
+    """How to hold it out: tail (the end of the source) | random (documents chosen by seed)."""
+    seed: int = 1337
+    """Seed of the random validation split."""
+    num_proc: int | None = None
+    """Processes for tokenizing; default: the CPU count, capped at 8."""
+    cache_dir: str | None = None
+    """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
+
+    def __post_init__(self) -> None:
+        s = "data"
+        _choice(s, "mode", self.mode, DATA_MODES)
+        _choice(s, "split_by", self.split_by, SPLIT_BY)
+        _choice(s, "val_split", self.val_split, VAL_SPLITS)
+        _positive(s, self, "max_documents", "num_proc", "vocab_size")
+        if not self.source.strip():
+            raise ConfigError("data.source: must name a file, folder, glob, Hub id or builtin:")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction: must be in (0, 1), got {self.val_fraction!r}")
+        if self.tokenizer not in BUILTIN_TOKENIZERS and not self.tokenizer.endswith(".json"):
+            raise ConfigError(
+                f"data.tokenizer: {self.tokenizer!r} is not char, byte, bpe or a path to a "
+                "tokenizer.json"
+            )
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            raise ConfigError("data.vocab_size: required with tokenizer: bpe (for example 1024)")
+        if self.document_mask and self.mode != "packed":
+            raise ConfigError("data.document_mask: only applies to mode: packed")
+
+
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+OPTIMIZERS = ("adamw", "muon")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+COMPILE = ("auto", "true", "false")
+ON_NONFINITE = ("stop", "skip")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop, evaluation, checkpoints and hardware."""
+
+    max_steps: int = 1000
+    """Optimizer steps to train for."""
+    batch_size: int = 32
+    """Global sequences per optimizer step; grad_accum and the process count divide it."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step on each process."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = 100
+    """Linear warmup from 0 to lr."""
+    schedule: str = "cosine"
+    """After warmup: cosine | linear | constant | wsd (constant, then linear decay)."""
+    decay_fraction: float = 0.2
+    """For wsd: fraction of max_steps spent decaying at the end."""
+    optimizer: str = "adamw"
+    """adamw | muon (Muon for hidden matrices, AdamW for embeddings, head and norms)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices only."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    eval_every: int = 250
+    """Evaluate every N steps (and at the end); 0 disables periodic evaluation."""
+    eval_steps: int | None = None
+    """Batches per evaluation; default: the whole validation split."""
+    eval_batch_size: int | None = None
+    """Sequences per evaluation batch; default batch_size."""
+    checkpoint_every: int = 500
+    """Save a checkpoint every N steps (and at the end); 0: only at the end."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
+    log_every: int = 10
+    """Write a training line to metrics.jsonl every N steps."""
+    seed: int = 1337
+    device: str = "auto"
+    """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
+    dtype: str = "auto"
+    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
+    compile: str = "auto"
+    """torch.compile the model: auto (on CUDA) | true | false."""
+    on_nonfinite: str = "stop"
+    """On a NaN/inf loss or gradient: stop (keep the last good checkpoint) | skip the update."""
+    target_loss: float | None = None
+    """Stop as soon as an evaluation reaches this validation loss."""
+
+    def __post_init__(self) -> None:
+        s = "train"
+        if isinstance(self.compile, bool):
+            object.__setattr__(self, "compile", "true" if self.compile else "false")
+        _choice(s, "schedule", self.schedule, SCHEDULES)
+        _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
+        _choice(s, "device", self.device, DEVICES)
+        _choice(s, "dtype", self.dtype, DTYPES)
+        _choice(s, "compile", self.compile, COMPILE)
+        _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
+        _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
+        _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
+        _positive(s, self, "eval_every", "checkpoint_every", allow_zero=True)
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr: {self.min_lr} is above train.lr={self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"train.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(
+                f"train.grad_accum: batch_size={self.batch_size} is not divisible by "
+                f"grad_accum={self.grad_accum}"
+            )
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: Any) -> Config:
+        return dataclasses.replace(self, **sections)
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Check ``value`` against the annotation ``hint``; ints are accepted where floats are."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ConfigError(f"{key}: must not be empty")
+    for t in options:
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is str and isinstance(value, str):
+            return value
+    if key == "train.compile" and isinstance(value, bool):
+        return value
+    wanted = " or ".join(_TYPE_WORDS[t] for t in options if t in _TYPE_WORDS)
+    return _raise(f"{key}: expected {wanted}, got {value!r}")
+
+
+def _raise(message: str) -> Any:
+    raise ConfigError(message)
+
+
+def _build_section(name: str, values: Any) -> Any:
+    cls = SECTIONS[name]
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {name}.{close[0]}?)" if close else ""
+            raise ConfigError(f"{name}.{key}: unknown key{hint}")
+        kwargs[key] = _coerce(f"{name}.{key}", value, hints[key])
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:  # a check comparing a value of an odd type
+        raise ConfigError(f"{name}: {e}") from None
+
+
+def config_from_dict(raw: Any) -> Config:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config: expected a mapping with sections model, data, train")
+    for key in raw:
+        if key not in SECTIONS:
+            raise ConfigError(f"{key}: unknown section (allowed: {', '.join(SECTIONS)})")
+    return Config(**{name: _build_section(name, raw.get(name)) for name in SECTIONS})
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
+    """``["train.lr=3e-4", "model.position=alibi"]`` -> nested dict; the last of a key wins."""
+    nested: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example train.lr=3e-4")
+        key, text = pair.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) != 2 or parts[0] not in SECTIONS or not parts[1]:
+            raise ConfigError(
+                f"--set {key!r}: expected SECTION.KEY with SECTION one of {', '.join(SECTIONS)}"
+            )
+        nested.setdefault(parts[0], {})[parts[1]] = parse_value(text)
+    return nested
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value read as YAML (``3e-4`` is a number, ``true`` a bool, ``~`` None)."""
+    try:
+        value = yaml.safe_load(text) if text.strip() else text
+    except yaml.YAMLError:
+        return text
+    # YAML 1.1 reads "3e-4" as a string; accept it as the number a user meant.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
+
+
+def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for section, values in overrides.items():
+        current = merged.get(section)
+        if current is None:
+            current = {}
+        if not isinstance(current, dict):
+            raise ConfigError(f"{section}: expected a mapping of keys, got {current!r}")
+        merged[section] = {**current, **values}
+    return merged
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Safe YAML only: a Python tag (``!!python/object``) is refused, never constructed."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()[0]
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1})"
+        raise ConfigError(f"{path}: not a valid safe YAML config{where}: {first}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """The config in ``path`` (defaults when None) with ``KEY=VALUE`` overrides applied."""
+    raw = read_yaml(path) if path is not None else {}
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with sections model, data, train")
+    return config_from_dict(merge(raw, parse_overrides(overrides or [])))
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,238 @@
+"""The decoder-only language model: embeddings, position, pre-norm blocks, LM head.
+
+Reads top to bottom next to the notes: token embedding ``E[w_l]`` (plus ``p_l`` for the additive
+schemes), ``n_layer`` blocks of causal multi-head self-attention and a token-wise MLP, each on a
+residual path, a final norm, and a head that scores every vocabulary entry (tied to ``E``).
+
+Padding: a batch may mix sequences of different lengths, padded on either side. ``key_mask``
+marks the real tokens; padded keys never supply values to real queries and positions count real
+tokens only, so every real token's logits equal those of its sequence run alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lm.attention import LayerKVCache, MultiHeadAttention
+from lm.config import LMError, ModelConfig
+from lm.position import rope_cos_sin, sinusoidal_table
+
+
+class PositionOutOfRange(LMError):
+    """A learned position table has no row for this position."""
+
+
+class MLP(nn.Module):
+    """The token-wise feed-forward network: ``W_2 GELU(W_1 x)``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)
+        self.down = nn.Linear(config.ff_dim, config.d_model, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.attn = MultiHeadAttention(
+            config.d_model,
+            config.n_head,
+            position=config.position,
+            rope_base=config.rope_base,
+            kernel=config.attention,
+            dropout=config.dropout,
+            bias=config.bias,
+        )
+        self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, **attn_args) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, weights = self.attn(self.norm1(x), causal=True, **attn_args)
+        x = x + self.drop(a)
+        x = x + self.drop(self.mlp(self.norm2(x)))
+        return x, weights
+
+
+class KVCache:
+    """Every layer's keys and values, plus what all layers share: which slots hold real tokens
+    and at which positions. Slots are filled left to right, ``capacity`` at most."""
+
+    def __init__(self, model: TransformerLM, batch: int, capacity: int):
+        like = next(model.parameters())
+        cfg = model.config
+        self.layers = [
+            LayerKVCache(batch, cfg.n_head, capacity, cfg.head_dim, like) for _ in model.blocks
+        ]
+        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
+        self.real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
+        self.length = 0
+
+
+def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
+    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one."""
+    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
+    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
+    B, L = segment_ids.shape
+    index = torch.arange(L, device=segment_ids.device).expand(B, L)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (it comes from the tokenizer)")
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)  # E
+        if config.position == "learned":
+            self.pos_embed = nn.Embedding(config.context_length, d)
+        if config.position == "sinusoidal":
+            table = sinusoidal_table(config.context_length, d)
+            self.register_buffer("sinusoids", table, persistent=False)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.apply(self._init_weights)
+        # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
+        # whatever the depth.
+        for block in self.blocks:
+            for proj in (block.attn.out, block.mlp.down):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Distinct parameters (a tied head counts once); optionally without the embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.embed.weight.numel()
+            if self.config.position == "learned":
+                n -= self.pos_embed.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token: 6 N for the matmuls plus attention's 12 L d T (PaLM, app. B)."""
+        c = self.config
+        return 6 * self.num_parameters(non_embedding=True) + 12 * c.n_layer * c.d_model * seq_len
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` for ``input_ids [B, T]``.
+
+        ``key_mask [B, T]`` (True = real token) for padded batches; ``segment_ids [B, T]`` for
+        packed windows holding several documents (attention stays inside each document and
+        positions restart at each); ``cache`` to decode incrementally after earlier calls.
+        """
+        logits, _ = self._run(input_ids, key_mask, segment_ids, cache, need_weights=False)
+        return logits
+
+    def attention_maps(
+        self, input_ids: torch.Tensor, key_mask: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        """The attention matrices A of every layer, each ``[B, H, T, T]`` (the explicit path)."""
+        _, maps = self._run(input_ids, key_mask, None, None, need_weights=True)
+        return maps
+
+    def _run(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        segment_ids: torch.Tensor | None,
+        cache: KVCache | None,
+        need_weights: bool,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        B, T = input_ids.shape
+        device = input_ids.device
+        past = cache.length if cache is not None else 0
+
+        # Where each token sits: real tokens counted from 0 (padding and documents respected).
+        if cache is not None:
+            new_mask = key_mask if key_mask is not None else torch.ones_like(input_ids, dtype=bool)
+            positions = positions_from_mask(new_mask, cache.real)
+        elif segment_ids is not None:
+            positions = positions_from_segments(segment_ids)
+        elif key_mask is not None:
+            positions = positions_from_mask(key_mask)
+        else:
+            positions = torch.arange(T, device=device)
+
+        x = self.embed(input_ids)  # (B, T, d)
+        if self.config.position in ("learned", "sinusoidal"):
+            x = x + self._absolute_positions(positions, past + T)
+        x = self.drop(x)
+
+        attn_args: dict = {"positions": positions}
+        if cache is not None:
+            end = past + T
+            cache.key_mask[:, past:end] = new_mask
+            cache.positions[:, past:end] = positions
+            cache.real += new_mask.sum(dim=1)
+            cache.length = end
+            attn_args["key_mask"] = cache.key_mask[:, :end]
+            attn_args["key_positions"] = cache.positions[:, :end]
+        elif key_mask is not None:
+            attn_args["key_mask"] = key_mask
+        if segment_ids is not None:
+            same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
+            attn_args["mask"] = same[:, None]
+        if self.config.position == "rope":
+            attn_args["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
+
+        maps = []
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn_args)
+            if need_weights:
+                maps.append(weights)
+        return self.head(self.norm(x)), maps
+
+    def _absolute_positions(self, positions: torch.Tensor, top: int) -> torch.Tensor:
+        """The additive position vectors ``p_l``, ``[T, d]`` or ``[B, T, d]``.
+
+        ``top`` bounds the positions from above (slots so far) without reading the tensor, which
+        would stall a GPU.
+        """
+        if self.config.position == "learned":
+            if top > self.config.context_length:
+                raise PositionOutOfRange(
+                    f"learned positions cover 0..{self.config.context_length - 1}; position "
+                    f"{top - 1} has no trained vector (use a shorter context)"
+                )
+            return self.pos_embed(positions)
+        table = self.sinusoids
+        if top > table.shape[0]:  # fixed sinusoids extend to any length
+            table = sinusoidal_table(top, self.config.d_model, device=table.device)
+        return table[positions].to(self.embed.weight.dtype)

@@ -1,0 +1,85 @@
+"""Config loading: one-line errors naming the key, overrides, every shipped config loads."""
+
+from pathlib import Path
+
+import pytest
+
+from lm.config import ConfigError, ModelConfig, TrainConfig, load_config, parse_overrides
+from lm.model import TransformerLM
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_model_config_works_from_python():
+    model = TransformerLM(
+        ModelConfig(vocab_size=11, context_length=8, n_layer=1, n_head=1, d_model=8)
+    )
+    assert model.config.head_dim == 8
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("model:\n  n_heads: 4\n", "model.n_heads: unknown key (did you mean model.n_head?)"),
+        ("model:\n  n_head: four\n", "model.n_head: expected an integer, got 'four'"),
+        ("model:\n  d_model: 100\n  n_head: 3\n", "model.n_head: d_model=100 is not divisible"),
+        ("model:\n  d_model: 12\n  n_head: 4\n", "head width d_model/n_head=3 must be even"),
+        (
+            "model:\n  d_model: 7\n  n_head: 1\n  position: sinusoidal\n",
+            "sinusoidal needs an even d_model",
+        ),
+        ("model:\n  n_layer: 0\n", "model.n_layer: must be > 0, got 0"),
+        ("model:\n  position: xpos\n", "model.position: 'xpos' is not one of rope, sinusoidal"),
+        ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, math"),
+        ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
+        ("train:\n  batch_size: 10\n  grad_accum: 3\n", "train.grad_accum: batch_size=10"),
+        ("optim:\n  lr: 1\n", "optim: unknown section"),
+        ("model: 3\n", "model: expected a mapping"),
+        ("data:\n  tokenizer: wordpiece\n", "data.tokenizer: 'wordpiece' is not char, byte, bpe"),
+        ("data:\n  tokenizer: bpe\n", "data.vocab_size: required with tokenizer: bpe"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("model: {n_head: [\n", "not a valid safe YAML config"),
+        ("!!python/object/apply:os.system ['echo pwned']\n", "not a valid safe YAML config"),
+    ],
+)
+def test_bad_configs_give_one_line_naming_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_overrides_use_dotted_keys_last_wins_and_same_validation(tmp_path):
+    p = write(tmp_path, "model:\n  n_layer: 2\ntrain:\n  lr: 0.001\n")
+    cfg = load_config(p, ["model.position=sinusoidal", "train.lr=3e-4", "train.lr=5e-4"])
+    assert cfg.model.position == "sinusoidal" and cfg.model.n_layer == 2
+    assert cfg.train.lr == 5e-4
+    assert load_config(p, ["train.eval_steps=~"]).train.eval_steps is None
+    assert load_config(p, ["train.compile=true"]).train.compile == "true"
+    with pytest.raises(ConfigError, match="model.n_head: expected an integer"):
+        load_config(p, ["model.n_head=abc"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_overrides(["train.lr"])
+    with pytest.raises(ConfigError, match="expected SECTION.KEY"):
+        parse_overrides(["lr=3"])
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_train_config_defaults_are_valid():
+    assert TrainConfig().schedule == "cosine"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.model.context_length > 0

@@ -1,0 +1,87 @@
+"""The decoder-only LM: causality, padding invariance, initialisation, parameter count."""
+
+import pytest
+import torch
+
+from lm.config import POSITIONS, ModelConfig
+from lm.model import PositionOutOfRange, TransformerLM
+
+
+def tiny(position="rope", **kw) -> TransformerLM:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=16, position=position)
+    cfg.update(kw)
+    return TransformerLM(ModelConfig(**cfg)).eval()
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
+    model = tiny(position)
+    x = torch.randint(0, 37, (2, 12))
+    y = x.clone()
+    y[:, 7:] = torch.randint(0, 37, (2, 5))
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("kernel", ["sdpa", "math"])
+def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel):
+    model = tiny(position, attention=kernel)
+    seqs = [torch.randint(1, 37, (n,)) for n in (9, 4, 6)]
+    T, pad = 11, 0
+    with torch.no_grad():
+        alone = [model(s[None])[0] for s in seqs]
+        for side in ("right", "left"):
+            ids = torch.full((3, T), pad)
+            key_mask = torch.zeros(3, T, dtype=torch.bool)
+            for i, s in enumerate(seqs):
+                sl = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
+                ids[i, sl], key_mask[i, sl] = s, True
+            logits = model(ids, key_mask=key_mask)
+            assert torch.isfinite(logits).all()
+            for i, s in enumerate(seqs):
+                torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_document_segments_equal_separate_documents(position):
+    model = tiny(position)
+    a, b = torch.randint(1, 37, (5,)), torch.randint(1, 37, (6,))
+    ids = torch.cat([a, b])[None]
+    segments = torch.tensor([[0] * 5 + [1] * 6])
+    with torch.no_grad():
+        packed = model(ids, segment_ids=segments)[0]
+        torch.testing.assert_close(packed[:5], model(a[None])[0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(packed[5:], model(b[None])[0], atol=2e-5, rtol=1e-4)
+
+
+def test_tied_head_gpt2_init_and_parameter_count():
+    model = tiny("learned", n_layer=4)
+    assert model.head.weight is model.embed.weight
+    d, V, C, ff = 16, 37, 16, 64
+    per_block = 2 * d + 3 * d * d + d * d + d * ff + ff * d  # two norms (no bias), attn, mlp
+    assert model.num_parameters() == V * d + C * d + 4 * per_block + d
+    assert model.num_parameters(non_embedding=True) == 4 * per_block + d
+    std = model.blocks[0].mlp.down.weight.std().item()
+    assert std == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.2)
+    assert model.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    untied = tiny("rope", tie_embeddings=False)
+    assert untied.head.weight is not untied.embed.weight
+
+
+def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend():
+    with torch.no_grad(), pytest.raises(PositionOutOfRange, match="learned positions"):
+        tiny("learned")(torch.randint(0, 37, (1, 20)))
+    for position in ("sinusoidal", "rope", "alibi", "none"):
+        with torch.no_grad():
+            assert torch.isfinite(tiny(position)(torch.randint(0, 37, (1, 40)))).all()
+
+
+def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
+    model = tiny("sinusoidal", n_layer=1)
+    from lm.position import sinusoidal_table
+
+    torch.testing.assert_close(model.sinusoids, sinusoidal_table(16, 16))
