@@ -82,7 +82,7 @@ def _key_mask_4d(key_mask: torch.Tensor) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    """``Y = Concat(Y_1, ..., Y_b) W_O^T`` with per-head ``W_Q, W_K, W_V`` (notes, "Multiple heads").
+    """``Y = Concat(Y_1, ..., Y_b) W_O^T``, per-head ``W_Q, W_K, W_V`` (notes, "Multiple heads").
 
     The per-head projections are stored stacked in one ``[3 d, d]`` matrix: rows ``h d_k ...
     (h+1) d_k`` of the first third are head h's ``W_Q`` (then ``W_K``, then ``W_V``). That is the

@@ -120,7 +120,7 @@ class DataConfig:
     """Where text comes from, how it becomes token ids, and how ids become batches."""
 
     source: str = "builtin:python-docs"
-    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; or builtin:python-docs."""
+    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"

@@ -139,7 +139,7 @@ class TransformerLM(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 N for the matmuls plus attention's 12 L d T (PaLM, app. B)."""
+        """Training FLOPs per token: 6 N for the matmuls, plus 12 L d T for attention (PaLM)."""
         c = self.config
         return 6 * self.num_parameters(non_embedding=True) + 12 * c.n_layer * c.d_model * seq_len
 
@@ -174,7 +174,7 @@ class TransformerLM(nn.Module):
         cache: KVCache | None,
         need_weights: bool,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        B, T = input_ids.shape
+        T = input_ids.shape[1]
         device = input_ids.device
         past = cache.length if cache is not None else 0
 

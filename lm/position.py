@@ -57,7 +57,7 @@ def rope_cos_sin(
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each pair ``(x[..., 2i], x[..., 2i+1])`` by ``R(alpha_i)``; cos/sin are ``[..., L, d/2]``.
+    """Rotate each pair ``(x[..., 2i], x[..., 2i+1])`` by ``R(alpha_i)``; cos/sin ``[..., L, d/2]``.
 
     ``R(a) = [[cos a, -sin a], [sin a, cos a]]`` acting on the column ``(x_2i, x_2i+1)``.
     """
@@ -78,7 +78,7 @@ def _heads_aligned(cos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """RoPE on queries or keys ``x [..., L, d_k]`` at integer ``positions`` ``[L]`` or ``[B, L]``."""
+    """RoPE on queries or keys ``x [..., L, d_k]`` at integer positions ``[L]`` or ``[B, L]``."""
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE rotates pairs of features; got an odd width {x.shape[-1]}")
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -62,11 +62,11 @@ def test_overrides_use_dotted_keys_last_wins_and_same_validation(tmp_path):
     assert cfg.train.lr == 5e-4
     assert load_config(p, ["train.eval_steps=~"]).train.eval_steps is None
     assert load_config(p, ["train.compile=true"]).train.compile == "true"
-    with pytest.raises(ConfigError, match="model.n_head: expected an integer"):
+    with pytest.raises(ConfigError, match=r"model\.n_head: expected an integer"):
         load_config(p, ["model.n_head=abc"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         parse_overrides(["train.lr"])
-    with pytest.raises(ConfigError, match="expected SECTION.KEY"):
+    with pytest.raises(ConfigError, match=r"expected SECTION\.KEY"):
         parse_overrides(["lr=3"])
 
 

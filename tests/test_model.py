@@ -42,7 +42,7 @@ def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel
                 ids[i, sl], key_mask[i, sl] = s, True
             logits = model(ids, key_mask=key_mask)
             assert torch.isfinite(logits).all()
-            for i, s in enumerate(seqs):
+            for i in range(len(seqs)):
                 torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)
 
 
