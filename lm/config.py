@@ -28,6 +28,10 @@ class ConfigError(LMError):
     """A config key is unknown, of the wrong type, or impossible together with another."""
 
 
+class DataError(LMError):
+    """The text or tokenizer a config points at cannot be used: missing, empty or malformed."""
+
+
 POSITIONS = ("rope", "sinusoidal", "learned", "alibi", "none")
 ATTENTION_KERNELS = ("sdpa", "math")
 
@@ -230,6 +234,8 @@ class TrainConfig:
     """torch.compile the model: auto (on CUDA) | true | false."""
     on_nonfinite: str = "stop"
     """On a NaN/inf loss or gradient: stop (keep the last good checkpoint) | skip the update."""
+    on_checkpoint_error: str = "stop"
+    """When a checkpoint cannot be written (disk full, no permission): stop | continue."""
     target_loss: float | None = None
     """Stop as soon as an evaluation reaches this validation loss."""
 
@@ -243,6 +249,7 @@ class TrainConfig:
         _choice(s, "dtype", self.dtype, DTYPES)
         _choice(s, "compile", self.compile, COMPILE)
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
         _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
         _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)

@@ -236,3 +236,18 @@ class TransformerLM(nn.Module):
         if top > table.shape[0]:  # fixed sinusoids extend to any length
             table = sinusoidal_table(top, self.config.d_model, device=table.device)
         return table[positions].to(self.embed.weight.dtype)
+
+
+def loss_sum(
+    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Summed next-token cross-entropy over real targets (the notes' loss mask).
+
+    The caller divides by the number of real targets in the whole batch, so micro-batches and
+    processes holding different numbers of real tokens still add up to one big batch's mean.
+    """
+    if loss_mask is not None:
+        targets = targets.masked_fill(~loss_mask, -100)  # ignored by cross_entropy
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
+    )

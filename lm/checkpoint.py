@@ -1,0 +1,215 @@
+"""Checkpoints that are complete or absent, never half-written, and that load without pickle.
+
+A checkpoint is a folder ``RUN_DIR/checkpoints/step_00001234/`` holding
+
+* ``model.safetensors`` -- the weights (tied weights stored once);
+* ``optimizer.safetensors`` -- every optimizer state tensor, flattened to named tensors;
+* ``state.json`` -- step, optimizer hyper-parameters, RNG states, data position, elapsed time.
+
+It is written into a hidden temporary folder, flushed to disk, then renamed into place in one
+step: a crash at any moment leaves either the previous checkpoints alone or the new one whole.
+Nothing here unpickles: weights and optimizer tensors through ``safetensors``, the rest JSON.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, load_model, save_file, save_model
+from torch import nn
+
+from lm.config import LMError
+
+CHECKPOINTS = "checkpoints"
+_NAME = re.compile(r"^step_(\d{8})$")
+# Tests make the write window wide enough to kill the process inside it.
+SLOW_WRITE_ENV = "LM_CHECKPOINT_SLOW_WRITE"
+
+
+class CheckpointError(LMError):
+    """A checkpoint cannot be written or read."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def complete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (temporary folders are never listed)."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / "state.json").is_file() and (path / "model.safetensors").is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = complete_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _flatten_optimizer(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split ``optimizer.state_dict()`` into named tensors and a JSON-able remainder."""
+    tensors: dict[str, torch.Tensor] = {}
+    per_param: dict[str, dict[str, Any]] = {}
+    for pid, slots in state["state"].items():
+        plain = {}
+        for key, value in slots.items():
+            if torch.is_tensor(value):
+                tensors[f"{pid}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                plain[key] = value
+        per_param[str(pid)] = plain
+    return tensors, {"param_groups": state["param_groups"], "plain": per_param}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict:
+    state: dict[int, dict[str, Any]] = {int(pid): dict(v) for pid, v in meta["plain"].items()}
+    for name, value in tensors.items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator the training step draws from (dropout), as JSON."""
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available():
+        state["cuda"] = [
+            base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()
+        ]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    def tensor(text: str) -> torch.Tensor:
+        return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically, then drop all but the newest ``keep``.
+
+    On a failed write (disk full, no permission) the temporary folder is removed, earlier
+    checkpoints are untouched, and :class:`CheckpointError` says what happened in one line.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / checkpoint_name(step)
+    tmp = root / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
+    delay = float(os.environ.get(SLOW_WRITE_ENV, "0") or 0)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_model(model, str(tmp / "model.safetensors"))
+        time.sleep(delay)
+        meta: dict[str, Any] = {}
+        if optimizer is not None:
+            tensors, meta = _flatten_optimizer(optimizer.state_dict())
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            time.sleep(delay)
+        payload = {"step": step, "optimizer": meta, **state}
+        (tmp / "state.json").write_text(json.dumps(payload), encoding="utf-8")
+        for f in tmp.iterdir():
+            _fsync(f)
+        if final.exists():  # the same step saved again (after a resume): replace it whole
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync(root)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = e.strerror or str(e)
+        raise CheckpointError(f"could not write checkpoint {final}: {reason}") from None
+    for old in complete_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-*"):  # left by a process killed mid-write
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def read_state(path: str | Path) -> dict[str, Any]:
+    path = Path(path) / "state.json"
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path.parent}: not a checkpoint (no state.json)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"{path}: not a valid checkpoint state (bad JSON)") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{path}: not a valid checkpoint state (no step)")
+    return state
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Load ``model.safetensors`` into ``model``; any damage or mismatch is one line."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such weights file")
+    try:
+        missing, unexpected = load_model(model, str(path), strict=False)
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: damaged safetensors file ({_first_line(e)})") from None
+    except RuntimeError as e:
+        raise CheckpointError(f"{path}: weights do not fit this model ({_shape_hint(e)})") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read weights ({_first_line(e)})") from None
+    if missing or unexpected:
+        names = ", ".join((missing or unexpected)[:3])
+        kind = "missing" if missing else "unexpected"
+        raise CheckpointError(f"{path}: weights do not fit this model ({kind}: {names})")
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, state: dict) -> None:
+    file = Path(path) / "optimizer.safetensors"
+    try:
+        tensors = load_file(str(file))
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{file}: cannot restore the optimizer ({_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _shape_hint(e: RuntimeError) -> str:
+    for line in str(e).splitlines():
+        if "size mismatch" in line or "shape" in line:
+            return line.strip().rstrip(".")
+    return _first_line(e)

@@ -1,0 +1,217 @@
+"""The command line: ``lm train | sample | eval | compare | attention`` (also ``python -m lm``).
+
+Thin by design: each subcommand parses its flags and calls one importable function. Any error
+the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
+status 2; results go to standard output, progress and notes to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from lm.config import ConfigError, LMError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (it prints usage plus an error by default)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _context_lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values or any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: context lengths must be integers >= 2")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="lm",
+        description="Train tiny next-token language models and see what attention and position do.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train a model from a YAML config")
+    t.add_argument("config", help="YAML config (see configs/)")
+    t.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys by dotted name, e.g. --set model.position=alibi train.lr=3e-4",
+    )
+    t.add_argument("--out", help="run directory (default: runs/<config name>)")
+    group = t.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    group.add_argument("--overwrite", action="store_true", help="discard the run and start again")
+    t.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+
+    s = sub.add_parser("sample", help="continue prompts with a trained model")
+    s.add_argument("run_dir", help="run directory written by lm train")
+    s.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    s.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="text to continue; repeat for a batch; '-' reads standard input",
+    )
+    s.add_argument("--max-new-tokens", type=_positive_int, default=200)
+    s.add_argument(
+        "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"
+    )
+    s.add_argument("--top-k", type=_positive_int, default=None)
+    s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
+    s.add_argument("--device", default="auto")
+
+    e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
+    e.add_argument("run_dir")
+    e.add_argument("--split", choices=["val", "train"], default="val")
+    e.add_argument(
+        "--context-lengths",
+        type=_context_lengths,
+        default=None,
+        help="comma-separated, e.g. 64,128,256 (default: the trained context)",
+    )
+    e.add_argument("--checkpoint")
+    e.add_argument("--batch-size", type=_positive_int)
+    e.add_argument("--max-batches", type=_positive_int, help="evaluate only this many batches")
+    e.add_argument("--device", default="auto")
+    return parser
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from lm.config import load_config
+    from lm.train import train
+
+    config = load_config(args.config, args.overrides)
+    run_dir = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    result = train(config, run_dir, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    if result.message:
+        print(f"lm: {result.message}", file=sys.stderr)
+    return {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
+
+
+def _read_prompts(raw: list[str]) -> list[str]:
+    prompts = []
+    for p in raw:
+        if p == "-":
+            try:
+                p = sys.stdin.read()
+            except UnicodeDecodeError:
+                raise LMError("standard input is not UTF-8 text") from None
+        prompts.append(p)
+    return prompts
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from lm.runs import load_run
+    from lm.sample import generate
+    from lm.train import resolve_device
+
+    device = resolve_device(args.device)
+    run = load_run(args.run_dir, args.checkpoint, str(device))
+    tok = run.tokenizer
+    texts = _read_prompts(args.prompt)
+    encoded = []
+    for text in texts:
+        unknown = tok.count_unknown(text)
+        if unknown:
+            print(
+                f"lm: {unknown} character(s) of the prompt are not in the vocabulary and became "
+                "<unk>",
+                file=sys.stderr,
+            )
+        # An empty prompt starts a new document, as training saw after every <eod>.
+        encoded.append(tok.encode(text) or [tok.eod_id])
+    new = generate(
+        run.model,
+        encoded,
+        args.max_new_tokens,
+        tok.pad_id,
+        tok.eod_id,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+        use_cache=not args.no_kv_cache,
+    )
+    outputs = [text + tok.decode(ids) for text, ids in zip(texts, new, strict=True)]
+    sys.stdout.write("\n\n".join(outputs) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from lm.evaluate import evaluate_run, format_table
+    from lm.train import resolve_device
+
+    device = resolve_device(args.device)
+    rows = evaluate_run(
+        args.run_dir,
+        args.context_lengths,
+        args.split,
+        args.checkpoint,
+        args.batch_size,
+        str(device),
+        args.max_batches,
+    )
+    print(format_table(rows))
+    return 0
+
+
+COMMANDS = {"train": _cmd_train, "sample": _cmd_sample, "eval": _cmd_eval}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except (LMError, ConfigError) as e:
+        print(f"lm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lm: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `lm sample ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""A run directory: what it holds, who may write it, and how to load a trained model from it.
+
+RUN_DIR/config.yaml       the fully resolved config (vocab_size filled in)
+RUN_DIR/tokenizer.json    the tokenizer, loadable by any Hugging Face tool
+RUN_DIR/run.json          where the run came from: git commit, torch, python, machine
+RUN_DIR/metrics.jsonl     one JSON object per logged step
+RUN_DIR/checkpoints/      see checkpoint.py
+RUN_DIR/lock              present while a process trains into the directory
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm.checkpoint import CheckpointError, latest_checkpoint, load_weights, read_state
+from lm.config import Config, LMError, load_config
+from lm.model import TransformerLM
+from lm.tokenizer import TextTokenizer
+
+CONFIG, TOKENIZER, METRICS, LOCK, PROVENANCE = (
+    "config.yaml",
+    "tokenizer.json",
+    "metrics.jsonl",
+    "lock",
+    "run.json",
+)
+
+
+class RunLocked(LMError):
+    """Another live process is training into this run directory."""
+
+
+class RunLock:
+    """An exclusive claim on a run directory, released on exit.
+
+    The lock file records the owner's host and pid; a lock whose process is gone (it crashed or
+    was killed) is stale and taken over, so a crash never leaves a run stuck.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self.held = False
+
+    def acquire(self) -> None:
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is not None and _alive(owner):
+                    raise RunLocked(
+                        f"{self.path.parent}: another process (pid {owner['pid']} on "
+                        f"{owner['host']}) is training into this run; wait for it or use --out"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale: its owner is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return
+        raise RunLocked(f"{self.path}: could not take the run lock")
+
+    def _owner(self) -> dict[str, Any] | None:
+        try:
+            owner = json.loads(self.path.read_text())
+            return owner if isinstance(owner, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _alive(owner: dict[str, Any]) -> bool:
+    if owner.get("host") != socket.gethostname():
+        return True  # another machine's process: cannot check, so respect it
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, KeyError, TypeError):
+        return True
+    return True
+
+
+def provenance() -> dict[str, Any]:
+    """Where a run came from, recorded in ``run.json``."""
+    commit = None
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        if out.returncode == 0:
+            commit = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "argv": sys.argv,
+    }
+
+
+@dataclass
+class LoadedRun:
+    config: Config
+    tokenizer: TextTokenizer
+    model: TransformerLM
+    checkpoint: Path
+    step: int
+
+
+def load_run(
+    run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu"
+) -> LoadedRun:
+    """The trained model of a run (newest checkpoint unless one is named), in eval mode."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise LMError(f"{run_dir}: no such run directory")
+    if not (run_dir / CONFIG).is_file():
+        raise LMError(f"{run_dir}: not a run directory (no {CONFIG})")
+    config = load_config(run_dir / CONFIG)
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER)
+    if config.model.vocab_size != tokenizer.vocab_size:
+        raise CheckpointError(
+            f"{run_dir}: config.yaml says vocab_size={config.model.vocab_size} but "
+            f"tokenizer.json has {tokenizer.vocab_size} tokens"
+        )
+    path = Path(checkpoint) if checkpoint is not None else latest_checkpoint(run_dir)
+    if path is None:
+        raise LMError(f"{run_dir}: no checkpoint yet (train first, or wait for the first save)")
+    model = TransformerLM(config.model)
+    load_weights(model, path)
+    folder = path if path.is_dir() else path.parent
+    step = read_state(folder)["step"] if (folder / "state.json").is_file() else 0
+    return LoadedRun(config, tokenizer, model.to(device).eval(), path, step)

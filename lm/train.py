@@ -1,0 +1,525 @@
+"""The training loop: ``train(config, run_dir)``.
+
+One code path for CPU, one GPU and many (``torchrun``): the global batch of a step is a fixed
+set of sequences, split over processes and gradient-accumulation micro-batches, and the loss is
+the sum over real target tokens divided by their count in the whole global batch. So one process
+with accumulation, or several processes without, compute the same loss and gradients as one
+big batch. Checkpoints hold everything a resumed run needs to continue on the same curve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from lm.checkpoint import (
+    CHECKPOINTS,
+    CheckpointError,
+    latest_checkpoint,
+    load_optimizer,
+    load_weights,
+    read_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from lm.config import (
+    Config,
+    ConfigError,
+    LMError,
+    ModelConfig,
+    TrainConfig,
+    load_config,
+    save_config,
+)
+from lm.data import PreparedData, TrainBatches, prepare_data, print_to_stderr
+from lm.distributed import World, all_reduce_sum, barrier, broadcast_flag, close_world, init_world
+from lm.evaluate import evaluate, model_inputs
+from lm.model import TransformerLM, loss_sum
+from lm.optim import build_optimizer, lr_at, set_lr
+from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, RunLock, provenance
+
+# Test hook: make the loss of this step non-finite, to exercise train.on_nonfinite.
+INJECT_NONFINITE_ENV = "LM_INJECT_NONFINITE_AT_STEP"
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    """Optimizer steps completed."""
+    status: str
+    """done | target (reached train.target_loss) | interrupted | nonfinite | checkpoint_failed."""
+    val_loss: float | None
+    best_val_loss: float | None
+    elapsed_s: float
+    message: str = ""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("train.device: mps requested but MPS is not available")
+    return torch.device(name)
+
+
+# Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is slower than fp32 at
+# width 128-384 and faster from GPT-2-small's 768 up.
+CPU_BF16_MIN_WIDTH = 768
+
+
+def resolve_dtype(name: str, device: torch.device, model: ModelConfig) -> torch.dtype:
+    """The autocast dtype (float32 = no autocast)."""
+    if name == "fp32":
+        return torch.float32
+    if name == "bf16":
+        return torch.bfloat16
+    if name == "fp16":
+        return torch.float16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        fast_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        if fast_bf16 and model.d_model >= CPU_BF16_MIN_WIDTH:
+            return torch.bfloat16
+    return torch.float32
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class _StopSignals:
+    """SIGINT/SIGTERM ask the loop to save a checkpoint and stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if _in_main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class MetricsLog:
+    """``metrics.jsonl``: appended, one line per record, flushed at once so a crash loses none."""
+
+    def __init__(self, path: Path, enabled: bool, keep_through_step: int | None):
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            self.file = None
+            return
+        if keep_through_step is not None and path.exists():
+            # Resuming: lines written after the checkpoint belong to the lost steps; drop them.
+            kept = [
+                line
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and _step_of(line) <= keep_through_step
+            ]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", -1))
+    except (ValueError, AttributeError):
+        return -1
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to clobber a run: nothing in ``run_dir`` changes unless the user asked."""
+    existing = latest_checkpoint(run_dir)
+    has_run = existing is not None or (run_dir / METRICS).exists()
+    if has_run and not (resume or overwrite):
+        where = f"checkpoint {existing.name}" if existing is not None else "metrics.jsonl"
+        raise LMError(
+            f"{run_dir} already holds a run ({where}); pass --resume to continue it "
+            "or --overwrite to start again"
+        )
+
+
+def _clear_run(run_dir: Path) -> None:
+    shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+    for name in (METRICS, CONFIG, TOKENIZER, PROVENANCE, "eval.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _check_resumable(saved: Config, config: Config) -> None:
+    """Resuming may change the train section (e.g. more steps), not the model or the data."""
+    for section in ("model", "data"):
+        a, b = saved.to_dict()[section], config.to_dict()[section]
+        for key in a:
+            if key == "vocab_size" and section == "model" and b[key] is None:
+                continue
+            if a[key] != b[key]:
+                raise ConfigError(
+                    f"{section}.{key}: the run was trained with {a[key]!r}, this config says "
+                    f"{b[key]!r}; resume with the run's config ({CONFIG})"
+                )
+
+
+def _with_vocab(config: Config, data: PreparedData) -> Config:
+    vocab = data.tokenizer.vocab_size
+    stated = config.model.vocab_size
+    if stated is not None and stated != vocab:
+        raise ConfigError(
+            f"model.vocab_size: the config says {stated} but the tokenizer has {vocab} tokens "
+            "(leave model.vocab_size out; it comes from the tokenizer)"
+        )
+    return config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def _log(world: World, quiet: bool, message: str) -> None:
+    if world.is_main and not quiet:
+        print(message, file=sys.stderr, flush=True)
+
+
+def train(
+    config: Config,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    quiet: bool = False,
+) -> TrainResult:
+    """Train ``config`` into ``run_dir``; see the module docstring. Returns how it ended."""
+    run_dir = Path(run_dir)
+    tc: TrainConfig = config.train
+    device = resolve_device(tc.device)
+    world = init_world(device.type)
+    if device.type == "cuda" and world.distributed:
+        device = torch.device("cuda", world.local_rank)
+    try:
+        if tc.batch_size % (tc.grad_accum * world.size):
+            raise ConfigError(
+                f"train.batch_size: {tc.batch_size} is not divisible by grad_accum "
+                f"({tc.grad_accum}) x processes ({world.size})"
+            )
+        if world.is_main:
+            _prepare_run_dir(run_dir, resume, overwrite)
+        barrier(world)
+        lock = RunLock(run_dir)
+        if world.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        try:
+            return _train(config, run_dir, device, world, resume, overwrite, quiet)
+        finally:
+            lock.release()
+    finally:
+        close_world(world)
+
+
+def _train(
+    config: Config,
+    run_dir: Path,
+    device: torch.device,
+    world: World,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+) -> TrainResult:
+    tc = config.train
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        _log(world, quiet, f"lm: {run_dir} has no complete checkpoint yet; starting fresh")
+    if checkpoint is not None:
+        saved = load_config(run_dir / CONFIG)
+        _check_resumable(saved, config)
+    elif world.is_main and overwrite:
+        _clear_run(run_dir)
+
+    # Data: the main process tokenizes (or finds the cache) first, the others then read it.
+    own_tokenizer = run_dir / TOKENIZER if checkpoint is not None else None
+    if world.is_main:
+        log = _silent if quiet else print_to_stderr
+        data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=log)
+    barrier(world)
+    if not world.is_main:
+        data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=_silent)
+    config = _with_vocab(config, data)
+    if world.is_main:
+        save_config(config, run_dir / CONFIG)
+        data.tokenizer.save(run_dir / TOKENIZER)
+        (run_dir / PROVENANCE).write_text(json.dumps(provenance(), indent=2) + "\n")
+
+    torch.manual_seed(tc.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    model = TransformerLM(config.model).to(device)
+    optimizer = build_optimizer(model, tc, device)
+    dtype = resolve_dtype(tc.dtype, device, config.model)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    start_step, elapsed_before, best_val, skipped = 0, 0.0, None, 0
+    if checkpoint is not None:
+        state = read_state(checkpoint)
+        load_weights(model, checkpoint)
+        load_optimizer(optimizer, checkpoint, state)
+        set_rng_state(state["rng"])
+        if "scaler" in state and scaler.is_enabled():
+            scaler.load_state_dict(state["scaler"])
+        start_step = state["step"]
+        elapsed_before = state.get("elapsed_s", 0.0)
+        best_val = state.get("best_val_loss")
+        skipped = state.get("nonfinite_skips", 0)
+        _log(world, quiet, f"lm: resuming {run_dir} from {checkpoint.name}")
+
+    raw_model = model
+    compile_on = tc.compile == "true" or (tc.compile == "auto" and device.type == "cuda")
+    if compile_on:
+        model = torch.compile(model)
+    if world.distributed:
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+    autocast = autocast_context(device, dtype)
+
+    ctx = config.model.context_length
+    pad_id = data.tokenizer.pad_id
+    batches = TrainBatches(
+        data.train,
+        config.data,
+        ctx,
+        tc.batch_size,
+        tc.grad_accum,
+        pad_id,
+        tc.seed,
+        rank=world.rank,
+        world_size=world.size,
+    )
+    eval_bs = tc.eval_batch_size or tc.batch_size
+
+    def run_eval() -> float:
+        loss, _ = evaluate(
+            model,
+            data.val,
+            config.data,
+            ctx,
+            eval_bs,
+            pad_id,
+            device,
+            autocast,
+            tc.eval_steps,
+            world,
+        )
+        return loss
+
+    metrics = MetricsLog(
+        run_dir / METRICS, world.is_main, start_step if checkpoint is not None else None
+    )
+    n_params = raw_model.num_parameters()
+    if start_step == 0:
+        _log(
+            world,
+            quiet,
+            f"lm: {n_params / 1e6:.2f}M parameters, {config.model.position} positions, "
+            f"{device.type} {str(dtype).replace('torch.', '')}, {world.size} process(es), "
+            f"{data.train.n_tokens:,} training tokens",
+        )
+
+    def save(step: int, val_loss: float | None) -> None:
+        if not world.is_main:
+            return
+        state = {
+            "rng": rng_state(),
+            "elapsed_s": elapsed_before + (time.perf_counter() - t0),
+            "best_val_loss": best_val,
+            "val_loss": val_loss,
+            "nonfinite_skips": skipped,
+            "data": {"next_step": step, "cache": str(data.cache_path)},
+            "world_size": world.size,
+            # The partly filled logging interval, so the resumed run logs the same means.
+            "log_interval": {"loss_sum": loss_acc.item(), "steps": steps_since_log},
+        }
+        if scaler.is_enabled():
+            state["scaler"] = scaler.state_dict()
+        save_checkpoint(run_dir, step, raw_model, optimizer, state, tc.keep_checkpoints)
+
+    inject_at = int(os.environ.get(INJECT_NONFINITE_ENV, "-1"))
+    model.train()
+    t0 = time.perf_counter()
+    last_log_t, tokens_since_log = t0, 0
+    loss_acc = torch.zeros((), device=device)  # summed over the log interval, read at log time
+    steps_since_log = 0
+    if checkpoint is not None and "log_interval" in state:
+        loss_acc.fill_(state["log_interval"]["loss_sum"])
+        steps_since_log = state["log_interval"]["steps"]
+    status, message, val_loss = "done", "", None
+    step = start_step
+    bar = tqdm(
+        total=tc.max_steps,
+        initial=start_step,
+        disable=quiet or not world.is_main,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+        desc="train",
+    )
+
+    with _StopSignals() as signals:
+        while step < tc.max_steps:
+            lr = lr_at(step, tc)
+            set_lr(optimizer, lr)
+            micro_batches, n_targets = batches.step(step)
+            scale = world.size / n_targets  # DDP averages gradients over processes
+            step_loss = torch.zeros((), device=device)
+            for i, batch in enumerate(micro_batches):
+                b = model_inputs(batch, device)
+                last = i == len(micro_batches) - 1
+                sync = (
+                    contextlib.nullcontext() if last or not world.distributed else model.no_sync()
+                )
+                with sync:
+                    with autocast:
+                        logits = model(**b["inputs"])
+                    loss = loss_sum(logits, b["targets"], b["loss_mask"]) * scale
+                    if step == inject_at:
+                        loss = loss * float("nan")
+                    scaler.scale(loss).backward()
+                step_loss += loss.detach()
+            scaler.unscale_(optimizer)
+            clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
+            finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(step_loss))
+            if not finite:
+                optimizer.zero_grad(set_to_none=True)
+                if scaler.is_enabled():
+                    scaler.update()  # fp16 overflow: the scaler backs off and the step is skipped
+                    step += 1
+                    continue
+                if tc.on_nonfinite == "stop":
+                    status = "nonfinite"
+                    message = (
+                        f"non-finite loss or gradient at step {step + 1}; stopped, the last good "
+                        f"checkpoint is kept (set train.on_nonfinite: skip to skip such steps)"
+                    )
+                    break
+                skipped += 1
+                metrics.write(
+                    {
+                        "step": step + 1,
+                        "elapsed_s": _elapsed(elapsed_before, t0),
+                        "nonfinite_skips": skipped,
+                    }
+                )
+            else:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                loss_acc += step_loss
+                steps_since_log += 1
+            step += 1
+            tokens_since_log += n_targets
+            bar.update(1)
+
+            if step % tc.log_every == 0 or step == tc.max_steps:
+                now = time.perf_counter()
+                mean_loss = all_reduce_sum(world, loss_acc.clone()).item() / world.size
+                mean_loss /= max(1, steps_since_log)
+                tok_s = tokens_since_log / max(now - last_log_t, 1e-9)
+                record = {
+                    "step": step,
+                    "elapsed_s": _elapsed(elapsed_before, t0),
+                    "train_loss": mean_loss,
+                    "lr": lr,
+                    "tokens_per_s": tok_s,
+                    "grad_norm": float(grad_norm),
+                    "nonfinite_skips": skipped,
+                }
+                metrics.write(record)
+                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+                loss_acc.zero_()
+                steps_since_log, tokens_since_log, last_log_t = 0, 0, now
+
+            evaluate_now = (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps
+            if evaluate_now:
+                val_loss = run_eval()
+                best_val = val_loss if best_val is None else min(best_val, val_loss)
+                metrics.write(
+                    {"step": step, "elapsed_s": _elapsed(elapsed_before, t0), "val_loss": val_loss}
+                )
+                if not bar.disable:
+                    bar.write(f"step {step}: val_loss {val_loss:.4f}", file=sys.stderr)
+                if tc.target_loss is not None and val_loss <= tc.target_loss:
+                    status = "target"
+
+            stop_signal = broadcast_flag(world, signals.received is not None, device)
+            periodic = tc.checkpoint_every and step % tc.checkpoint_every == 0
+            if periodic or step == tc.max_steps or stop_signal or status == "target":
+                try:
+                    save(step, val_loss)
+                except CheckpointError as e:
+                    if tc.on_checkpoint_error == "stop" or step == tc.max_steps:
+                        status, message = "checkpoint_failed", str(e)
+                        break
+                    _log(world, quiet, f"lm: {e}; training goes on (on_checkpoint_error: continue)")
+            if stop_signal:
+                status = "interrupted"
+                message = f"stopped by a signal at step {step}; checkpoint saved, --resume goes on"
+                break
+            if status == "target":
+                message = f"reached val_loss {val_loss:.4f} <= {tc.target_loss} at step {step}"
+                break
+    bar.close()
+    metrics.close()
+    elapsed = _elapsed(elapsed_before, t0)
+    if status in ("done", "target"):
+        _log(world, quiet, f"lm: {status} at step {step} in {elapsed:.1f}s; val_loss {val_loss}")
+    return TrainResult(run_dir, step, status, val_loss, best_val, elapsed, message)
+
+
+def _elapsed(before: float, t0: float) -> float:
+    return round(before + time.perf_counter() - t0, 4)

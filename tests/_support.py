@@ -1,0 +1,70 @@
+"""Small configs and helpers shared by the trainer tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lm.config import Config, config_from_dict, merge
+
+TINY: dict[str, dict[str, Any]] = {
+    "model": {"context_length": 32, "n_layer": 2, "n_head": 2, "d_model": 32},
+    "data": {"source": "builtin:python-docs", "tokenizer": "char", "mode": "packed"},
+    "train": {
+        "max_steps": 30,
+        "batch_size": 8,
+        "lr": 3e-3,
+        "min_lr": 3e-4,
+        "warmup_steps": 5,
+        "eval_every": 15,
+        "eval_steps": 4,
+        "checkpoint_every": 10,
+        "log_every": 5,
+        "device": "cpu",
+        "dtype": "fp32",
+        "compile": "false",
+        "seed": 7,
+    },
+}
+
+
+def tiny_config(**sections: dict[str, Any]) -> Config:
+    return config_from_dict(merge(TINY, sections))
+
+
+def write_config(path: Path, **sections: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(merge(TINY, sections)))
+    return path
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def losses(run_dir: Path, key: str = "train_loss") -> dict[int, float]:
+    return {m["step"]: m[key] for m in metrics(run_dir) if key in m}
+
+
+def varied_corpus(path: Path, n: int = 60) -> Path:
+    """A JSONL corpus of documents with very different lengths (padding matters)."""
+    words = [
+        "attention",
+        "position",
+        "rotary",
+        "sinusoid",
+        "query",
+        "key",
+        "value",
+        "mask",
+        "softmax",
+        "head",
+    ]
+    with path.open("w") as f:
+        for i in range(n):
+            text = " ".join(words[(i * 7 + j) % len(words)] for j in range(1 + (i * 13) % 17))
+            f.write(json.dumps({"text": text}) + "\n")
+    return path

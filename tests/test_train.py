@@ -1,0 +1,181 @@
+"""The training loop: exact resume, gradient accumulation, DDP, run-directory safety."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _support import losses, metrics, tiny_config, varied_corpus, write_config
+from safetensors.torch import load_file
+
+from lm.checkpoint import complete_checkpoints, latest_checkpoint
+from lm.config import LMError
+from lm.data import PaddedCollator
+from lm.model import TransformerLM, loss_sum
+from lm.optim import lr_at
+from lm.train import INJECT_NONFINITE_ENV, train
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+
+
+def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
+    result = train(tiny_config(), tmp_path / "run", quiet=True)
+    assert result.status == "done" and result.step == 30
+    lines = metrics(tmp_path / "run")
+    train_lines = [m for m in lines if "train_loss" in m]
+    assert all(
+        {"step", "elapsed_s", "train_loss", "lr", "tokens_per_s"} <= m.keys() for m in train_lines
+    )
+    assert [m["step"] for m in lines if "val_loss" in m] == [15, 30]
+    assert train_lines[-1]["train_loss"] < train_lines[0]["train_loss"] - 0.5
+    assert [p.name for p in complete_checkpoints(tmp_path / "run")] == [
+        "step_00000020",
+        "step_00000030",
+    ]
+    for name in ("config.yaml", "tokenizer.json", "run.json"):
+        assert (tmp_path / "run" / name).is_file()
+
+
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
+    cfg = tiny_config(train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12})
+    train(cfg, tmp_path / "straight", quiet=True)
+    # Crash at step 13 (between checkpoints 8 and 16), then resume from checkpoint 8.
+    monkeypatch.setenv(INJECT_NONFINITE_ENV, "13")
+    crashed = train(cfg, tmp_path / "resumed", quiet=True)
+    assert crashed.status == "nonfinite" and latest_checkpoint(tmp_path / "resumed").name.endswith(
+        "8"
+    )
+    monkeypatch.delenv(INJECT_NONFINITE_ENV)
+    done = train(cfg, tmp_path / "resumed", resume=True, quiet=True)
+    assert done.status == "done"
+    assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
+    assert losses(tmp_path / "resumed", "val_loss") == losses(tmp_path / "straight", "val_loss")
+    assert_same_weights(tmp_path / "resumed", tmp_path / "straight")
+
+
+def test_gradient_accumulation_equals_one_big_batch_with_padding(tmp_path):
+    corpus = varied_corpus(tmp_path / "docs.jsonl")
+    base = {"data": {"source": str(corpus), "mode": "padded"}, "model": {"context_length": 16}}
+    results = {}
+    for accum in (1, 2, 4):
+        cfg = tiny_config(
+            **base, train={"max_steps": 6, "grad_accum": accum, "eval_every": 6, "log_every": 1}
+        )
+        train(cfg, tmp_path / f"a{accum}", quiet=True)
+        results[accum] = losses(tmp_path / f"a{accum}")
+    for accum in (2, 4):
+        for step, loss in results[1].items():
+            assert results[accum][step] == pytest.approx(loss, rel=1e-5)
+    wa, wb = weights(tmp_path / "a1"), weights(tmp_path / "a4")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+
+
+def test_padded_batch_step_equals_sequences_one_at_a_time():
+    torch.manual_seed(0)
+    from lm.config import ModelConfig
+
+    model = TransformerLM(
+        ModelConfig(vocab_size=20, context_length=16, n_layer=2, n_head=2, d_model=16)
+    )
+    seqs = [list(range(1, 10)), [3, 4, 5], [7, 2, 9, 9, 1, 4]]
+    collate = PaddedCollator(pad_id=0)
+    batch = collate(seqs)
+    n = int(batch["loss_mask"].sum())
+    assert n == sum(len(s) - 1 for s in seqs)
+    logits = model(batch["input_ids"], key_mask=batch["key_mask"])
+    loss = loss_sum(logits, batch["targets"], batch["loss_mask"]) / n
+    loss.backward()
+    batched = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    total = 0.0
+    for s in seqs:
+        one = collate([s])
+        part = loss_sum(model(one["input_ids"]), one["targets"]) / n
+        part.backward()
+        total += part.item()
+    assert loss.item() == pytest.approx(total, rel=1e-6)
+    for g, p in zip(batched, model.parameters(), strict=True):
+        torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_two_process_ddp_matches_one_process(tmp_path):
+    cfg = {"train": {"max_steps": 6, "eval_every": 6, "log_every": 1, "batch_size": 8}}
+    path = write_config(tmp_path / "c.yaml", **cfg)
+    train(tiny_config(**cfg), tmp_path / "one", quiet=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "lm",
+        "train",
+        str(path),
+        "--out",
+        str(tmp_path / "two"),
+        "--quiet",
+    ]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert one.keys() == two.keys()
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-5)
+    assert losses(tmp_path / "two", "val_loss")[6] == pytest.approx(
+        losses(tmp_path / "one", "val_loss")[6], rel=1e-5
+    )
+
+
+def test_refuses_to_overwrite_a_run_changing_nothing(tmp_path):
+    cfg = tiny_config(train={"max_steps": 10, "eval_every": 10})
+    train(cfg, tmp_path / "run", quiet=True)
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    with pytest.raises(LMError, match="already holds a run"):
+        train(cfg, tmp_path / "run", quiet=True)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    again = train(cfg, tmp_path / "run", overwrite=True, quiet=True)
+    assert again.status == "done"
+    assert [m["step"] for m in metrics(tmp_path / "run") if "val_loss" in m] == [10]
+
+
+def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
+    result = train(tiny_config(train={"max_steps": 5}), tmp_path / "new", resume=True)
+    assert result.status == "done"
+    assert "starting fresh" in capsys.readouterr().err
+
+
+def test_schedule_warms_up_then_decays_to_min_lr():
+    cfg = tiny_config(train={"max_steps": 100, "warmup_steps": 10, "lr": 1.0, "min_lr": 0.1}).train
+    assert lr_at(0, cfg) == pytest.approx(0.1)
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(99, cfg) == pytest.approx(0.1, abs=1e-3)
+    values = [lr_at(s, cfg) for s in range(10, 100)]
+    assert all(a >= b for a, b in itertools.pairwise(values))
+    wsd = tiny_config(
+        train={
+            "max_steps": 100,
+            "warmup_steps": 0,
+            "schedule": "wsd",
+            "lr": 1.0,
+            "min_lr": 0.0,
+            "decay_fraction": 0.2,
+        }
+    ).train
+    assert lr_at(79, wsd) == 1.0 and lr_at(90, wsd) == pytest.approx(0.5)
