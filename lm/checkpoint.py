@@ -14,6 +14,7 @@ Nothing here unpickles: weights and optimizer tensors through ``safetensors``, t
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -140,7 +141,9 @@ def save_checkpoint(
             tensors, meta = _flatten_optimizer(optimizer.state_dict())
             save_file(tensors, str(tmp / "optimizer.safetensors"))
             time.sleep(delay)
-        payload = {"step": step, "optimizer": meta, **state}
+        # Checksums: a flipped bit inside tensor data is otherwise undetectable.
+        sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        payload = {"step": step, "optimizer": meta, "sha256": sums, **state}
         (tmp / "state.json").write_text(json.dumps(payload), encoding="utf-8")
         for f in tmp.iterdir():
             _fsync(f)
@@ -158,6 +161,24 @@ def save_checkpoint(
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(path: Path) -> None:
+    """Check ``path`` against the checksum its checkpoint's ``state.json`` recorded, if any."""
+    state_file = path.parent / "state.json"
+    if not state_file.is_file():
+        return
+    expected = read_state(path.parent).get("sha256", {}).get(path.name)
+    if expected is not None and _sha256(path) != expected:
+        raise CheckpointError(f"{path}: damaged file (its checksum does not match state.json)")
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
@@ -180,6 +201,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         path = path / "model.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{path}: no such weights file")
+    verify(path)
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except SafetensorError as e:
@@ -196,6 +218,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, state: dict) -> None:
     file = Path(path) / "optimizer.safetensors"
+    verify(file)
     try:
         tensors = load_file(str(file))
         optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))

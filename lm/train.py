@@ -247,14 +247,14 @@ def train(
                 f"train.batch_size: {tc.batch_size} is not divisible by grad_accum "
                 f"({tc.grad_accum}) x processes ({world.size})"
             )
-        if world.is_main:
-            _prepare_run_dir(run_dir, resume, overwrite)
-        barrier(world)
         lock = RunLock(run_dir)
-        if world.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock.acquire()
         try:
+            if world.is_main:
+                # The lock first: a live writer is the first thing a second process must hear of.
+                run_dir.mkdir(parents=True, exist_ok=True)
+                lock.acquire()
+                _prepare_run_dir(run_dir, resume, overwrite)
+            barrier(world)
             return _train(config, run_dir, device, world, resume, overwrite, quiet)
         finally:
             lock.release()
@@ -478,6 +478,7 @@ def _train(
                     "tokens_per_s": tok_s,
                     "grad_norm": float(grad_norm),
                     "nonfinite_skips": skipped,
+                    "rss_mb": resident_mb(),
                 }
                 metrics.write(record)
                 bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
@@ -519,6 +520,16 @@ def _train(
     if status in ("done", "target"):
         _log(world, quiet, f"lm: {status} at step {step} in {elapsed:.1f}s; val_loss {val_loss}")
     return TrainResult(run_dir, step, status, val_loss, best_val, elapsed, message)
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB (Linux), logged so that growth shows."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 def _elapsed(before: float, t0: float) -> float:

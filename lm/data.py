@@ -1,0 +1,825 @@
+"""Text sources -> token ids cached on disk -> training and evaluation batches.
+
+:func:`prepare_data` turns a ``DataConfig`` into token ids, in four stages:
+
+1. **Documents**, all through Hugging Face ``datasets``: local ``.txt`` (one document per file,
+   line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
+   Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
+   trainer works offline on any machine). Empty documents are skipped: they hold nothing to
+   predict.
+2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
+   either the tail of the source or documents drawn with a seed. A single document is split by
+   characters, as nanoGPT splits Tiny Shakespeare (train = the first 90%).
+3. **Tokenizer**: trained on the training split only (and cached), or loaded from a file.
+4. **Token ids**: each document + ``<eod>``, all concatenated into ``train.bin``/``val.bin``,
+   with document offsets in ``.idx``. The folder is keyed by a hash of the source, the split
+   settings and the tokenizer, and appears atomically, so a second run reads it back.
+
+Batches come in one format for both modes (see :class:`PaddedCollator`): ``packed`` draws
+random windows from the token stream; ``padded`` trains on one document (chunk) per row,
+grouped by length. :class:`TrainBatches` makes the batch of a step a function of (seed, step)
+alone, so a resumed or multi-process run sees the same examples as one uninterrupted process.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import glob
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+import torch
+
+from lm.config import BUILTIN_TOKENIZERS, ConfigError, DataConfig, DataError
+from lm.tokenizer import TextTokenizer, train_tokenizer
+
+BUILTINS = ("python-docs",)
+LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
+HUB_VAL_SPLITS = ("validation", "valid", "test")
+CACHE_FORMAT = 1
+# Below this much text one process tokenizes faster than a pool of workers starts up.
+SMALL_CORPUS_CHARS = 2_000_000
+# padded mode sorts examples by length inside groups of this many batches.
+MEGA_BATCHES = 50
+
+
+def print_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class TokenizedSplit:
+    tokens: np.ndarray
+    """All documents' ids concatenated, each ending with <eod> (a read-only memmap)."""
+    offsets: np.ndarray
+    """int64 [n_docs + 1]: document i is tokens[offsets[i]:offsets[i + 1]]."""
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    tokenizer: TextTokenizer
+    train: TokenizedSplit
+    val: TokenizedSplit
+    cache_path: Path
+    """The folder holding train.bin/.idx, val.bin/.idx and meta.json."""
+
+
+def prepare_data(
+    cfg: DataConfig,
+    tokenizer_path: str | Path | None = None,
+    log: Callable[[str], None] = print_to_stderr,
+) -> PreparedData:
+    """Token ids of the training and validation splits, from the cache when it has them.
+
+    ``tokenizer_path`` (for example a run's own tokenizer.json on resume) replaces
+    ``cfg.tokenizer``. The source is read only when the cache misses.
+    """
+    root = cache_root(cfg)
+    source = _resolve_source(cfg)
+    corpus_key = {
+        "source": source.fingerprint,
+        "max_documents": cfg.max_documents,
+        "val_split": cfg.val_split,
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.seed if cfg.val_split == "random" else None,
+    }
+
+    @functools.cache
+    def splits() -> tuple[datasets.Dataset, datasets.Dataset, int]:
+        log(f"data: reading {cfg.source}")
+        train, own_val, n_chars = _load_documents(cfg, source, root / "hf")
+        train, val, how = _split(cfg, train, own_val)
+        log(f"data: {len(train)} training and {len(val)} validation documents ({how})")
+        return train, val, n_chars
+
+    tokenizer = _tokenizer(cfg, tokenizer_path, corpus_key, root, lambda: splits()[0], log)
+    key = _hash({"format": CACHE_FORMAT, "corpus": corpus_key, "tokenizer": tokenizer.to_json()})
+    folder = root / "data" / key
+    if (folder / "meta.json").is_file():
+        log(f"data: cached token ids in {folder}")
+    else:
+        train, val, n_chars = splits()
+        num_proc = cfg.num_proc or (
+            1 if n_chars < SMALL_CORPUS_CHARS else min(8, os.cpu_count() or 1)
+        )
+        _write_cache(folder, {"train": train, "val": val}, tokenizer, num_proc, corpus_key, log)
+    dtype = np.dtype(json.loads((folder / "meta.json").read_text(encoding="utf-8"))["dtype"])
+    train, val = (_read_split(folder, name, dtype) for name in ("train", "val"))
+    data = PreparedData(tokenizer, train, val, folder)
+    for name, split in (("train", data.train), ("val", data.val)):
+        log(f"data: {name} {split.n_tokens:,} tokens in {split.n_docs:,} documents")
+    if tokenizer.unk_id is not None:
+        unknown = int(np.count_nonzero(data.val.tokens == tokenizer.unk_id))
+        if unknown:
+            log(f"data: {unknown:,} validation characters are not in the vocabulary (now <unk>)")
+    return data
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir or os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser()
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where the documents come from, found without reading them (so a cache hit reads nothing)."""
+
+    kind: str  # builtin | files | hub
+    fingerprint: dict[str, Any]
+    files: tuple[Path, ...] = ()
+
+
+def _resolve_source(cfg: DataConfig) -> _Source:
+    source = cfg.source.strip()
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name not in BUILTINS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTINS)
+            raise DataError(f"data.source: unknown builtin {source!r} (builtins: {known})")
+        # The help topics change with the Python release that ships them.
+        return _Source("builtin", {"builtin": name, "python": platform.python_version()})
+    if not _looks_local(source):
+        return _Source("hub", {"hub": source, "config": cfg.config_name, "split": cfg.split})
+    files = _local_files(source)
+    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    fingerprint = {"files": stats, "split_by": cfg.split_by, "text_field": cfg.text_field}
+    return _Source("files", fingerprint, files)
+
+
+def _looks_local(source: str) -> bool:
+    """A Hub id is ``name`` or ``owner/name``; anything else path-like is a path, so a
+    mistyped file name is reported as missing instead of being looked up on the Hub."""
+    if Path(source).expanduser().exists() or any(c in source for c in "*?["):
+        return True
+    return (
+        Path(source).suffix in LOADERS
+        or source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+    )
+
+
+def _local_files(source: str) -> tuple[Path, ...]:
+    path = Path(source).expanduser()
+    if any(c in source for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"data.source: no files match {source}")
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOADERS)
+        if not files:
+            raise DataError(f"data.source: {source}: no {', '.join(LOADERS)} files in the folder")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"data.source: {source}: no such file or folder")
+    suffixes = sorted({f.suffix for f in files})
+    unknown = [s for s in suffixes if s not in LOADERS]
+    if unknown:
+        raise DataError(
+            f"data.source: {source}: cannot read {unknown[0] or 'extension-less'} files "
+            f"(use {', '.join(LOADERS)})"
+        )
+    if len({LOADERS[s] for s in suffixes}) > 1:
+        raise DataError(
+            f"data.source: {source}: mixes {' and '.join(suffixes)} files; use one kind"
+        )
+    return tuple(f.resolve() for f in files)
+
+
+def _load_documents(
+    cfg: DataConfig, source: _Source, hf_cache: Path
+) -> tuple[datasets.Dataset, datasets.Dataset | None, int]:
+    """The training documents, the source's own validation documents (or None), and the
+    number of characters in both; each dataset has a single ``text`` column."""
+    if source.kind == "builtin":
+        from pydoc_data.topics import topics
+
+        docs = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
+        docs, n_chars = _clean(docs, "text", cfg.source, cfg.max_documents)
+        return docs, None, n_chars
+    if source.kind == "files":
+        docs = _load_files(cfg, source.files, hf_cache)
+        docs, n_chars = _clean(docs, cfg.text_field, _where(cfg, source), cfg.max_documents)
+        return docs, None, n_chars
+    train, val = _load_hub(cfg, hf_cache)
+    train, n_chars = _clean(train, cfg.text_field, f"{cfg.source} [{cfg.split}]", cfg.max_documents)
+    if val is not None:
+        val, n_val = _clean(val, cfg.text_field, f"{cfg.source} [validation]", cfg.max_documents)
+        n_chars += n_val
+    return train, val, n_chars
+
+
+def _where(cfg: DataConfig, source: _Source) -> str:
+    return str(source.files[0]) if len(source.files) == 1 else cfg.source
+
+
+def _load_files(cfg: DataConfig, files: tuple[Path, ...], hf_cache: Path) -> datasets.Dataset:
+    loader = LOADERS[files[0].suffix]
+    options = {"sample_by": SAMPLE_BY[cfg.split_by]} if loader == "text" else {}
+    try:
+        docs = _load(loader, files, hf_cache, options)
+    except Exception as e:  # datasets wraps every reader failure; reduce it to one line
+        raise _read_error(e, files, loader, cfg.source) from None
+    field = cfg.text_field
+    if field in docs.column_names and docs.data.column(field).null_count:
+        raise _missing_field(files, loader, hf_cache, field)
+    return docs
+
+
+def _load(loader: str, files: Sequence[Path], hf_cache: Path, options: dict) -> datasets.Dataset:
+    return datasets.load_dataset(
+        loader,
+        data_files=[str(f) for f in files],
+        split="train",
+        cache_dir=str(hf_cache),
+        **options,
+    )
+
+
+def _read_error(error: Exception, files: Sequence[Path], loader: str, source: str) -> DataError:
+    causes = []
+    while error is not None:
+        causes.append(error)
+        error = error.__cause__ or error.__context__
+    if any(isinstance(e, UnicodeDecodeError) for e in causes):
+        for file in files:
+            reason = _utf8_error(file)
+            if reason:
+                return DataError(f"{file}: not UTF-8 text ({reason}); convert it to UTF-8")
+    # The first cause that is not datasets' generic wrapper says what went wrong.
+    useful = [e for e in causes if not isinstance(e, datasets.exceptions.DatasetGenerationError)]
+    first = (useful or causes)[0]
+    reason = (str(first).strip().splitlines() or [type(first).__name__])[0]
+    return DataError(f"data.source: {source}: cannot be read as {loader} ({reason})")
+
+
+def _utf8_error(file: Path) -> str | None:
+    """Why ``file`` is not UTF-8, or None; read in blocks, so a large file costs no memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    position = 0
+    with open(file, "rb") as f:
+        try:
+            while block := f.read(1 << 20):
+                decoder.decode(block)
+                position += len(block)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            return f"{e.reason} near byte {position + e.start}"
+    return None
+
+
+def _missing_field(files: Sequence[Path], loader: str, hf_cache: Path, field: str) -> DataError:
+    """Name the file and record that lack ``field`` (an error path: reading each file is fine)."""
+    for file in files:
+        column = _load(loader, [file], hf_cache, {}).data.column(field)
+        if column.null_count:
+            record = pc.index(pc.is_null(column), True).as_py() + 1
+            return DataError(f"{file}: record {record} has no {field!r} field (data.text_field)")
+    return DataError(f"data.text_field: some records have no {field!r} field")
+
+
+def _load_hub(cfg: DataConfig, hf_cache: Path) -> tuple[Any, Any]:
+    """The Hub dataset's training split and its own validation split (or None)."""
+    offline = datasets.config.HF_HUB_OFFLINE
+    if not offline:
+        reason = _hub_unreachable()
+        if reason:
+            raise DataError(
+                f"data.source: {cfg.source!r} is not a local path and the Hugging Face Hub could "
+                f"not be reached ({reason}); check the network, or set HF_HUB_OFFLINE=1 to use "
+                "a cached copy"
+            )
+    try:
+        found = datasets.load_dataset(
+            cfg.source, cfg.config_name, streaming=cfg.streaming, cache_dir=str(hf_cache)
+        )
+    except ConnectionError:
+        mode = "offline mode is on (HF_HUB_OFFLINE)" if offline else "no network"
+        raise DataError(
+            f"data.source: {cfg.source!r} is not a local path, not in the cache, and the Hugging "
+            f"Face Hub could not be reached ({mode})"
+        ) from None
+    except datasets.exceptions.DatasetNotFoundError:
+        raise DataError(
+            f"data.source: {cfg.source!r} is neither a local path nor a dataset on the Hugging "
+            "Face Hub (or it is private)"
+        ) from None
+    except ValueError as e:  # for example an unknown or missing configuration name
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(
+            f"data.source: {cfg.source!r} (data.config_name={cfg.config_name!r}): {reason}"
+        ) from None
+    if cfg.split not in found:
+        splits = ", ".join(found)
+        raise DataError(f"data.split: {cfg.split!r} is not a split of {cfg.source} ({splits})")
+    val_name = next((s for s in HUB_VAL_SPLITS if s in found and s != cfg.split), None)
+    train, val = found[cfg.split], found[val_name] if val_name else None
+    if cfg.streaming:
+        train, val = (_take(s, cfg.text_field, cfg.max_documents) for s in (train, val))
+    return train, val
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached, or None. huggingface_hub retries a failed connection for
+    about half a minute; one quick connect tells us at once. Behind a proxy only the proxy
+    knows, so that case is left to huggingface_hub."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(datasets.config.HF_ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
+
+
+def _take(stream: Any, field: str, limit: int | None) -> datasets.Dataset | None:
+    """The first ``limit`` records (all, when None) of a streamed split, held in memory."""
+    if stream is None:
+        return None
+    return datasets.Dataset.from_dict({field: [r.get(field) for r in islice(stream, limit)]})
+
+
+def _clean(
+    docs: datasets.Dataset, field: str, where: str, max_documents: int | None
+) -> tuple[datasets.Dataset, int]:
+    """Only ``field``, renamed ``text``, without empty documents, at most ``max_documents``;
+    and the number of characters kept."""
+    if field not in docs.column_names:
+        raise DataError(
+            f"{where}: no {field!r} field (fields: {', '.join(docs.column_names)}); "
+            "set data.text_field"
+        )
+    column = docs.data.column(field)
+    if column.null_count:
+        raise DataError(f"{where}: some records have no {field!r} field (data.text_field)")
+    dtype = getattr(docs.features[field], "dtype", type(docs.features[field]).__name__)
+    if dtype not in ("string", "large_string"):
+        raise DataError(f"{where}: field {field!r} holds {dtype}, not text (data.text_field)")
+    lengths = pc.utf8_length(column).to_numpy()
+    keep = np.flatnonzero(lengths)[:max_documents]
+    if len(keep) == 0:
+        raise DataError(f"{where}: no text (every document is empty)")
+    docs = docs.select_columns([field])
+    if field != "text":
+        docs = docs.rename_column(field, "text")
+    if len(keep) < len(docs):
+        docs = docs.select(keep)
+    return docs, int(lengths[keep].sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation split
+
+
+def _split(
+    cfg: DataConfig, docs: datasets.Dataset, own_val: datasets.Dataset | None
+) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+    """(train, val, a few words saying how val was chosen); never overlapping, never empty."""
+    if own_val is not None:
+        return docs, own_val, "the source's own validation split"
+    f = cfg.val_fraction
+    n = len(docs)
+    if n == 1:
+        if cfg.val_split == "random":
+            raise DataError(
+                "data.val_split: random holds out whole documents and the source has only one; "
+                "use val_split: tail"
+            )
+        # One document (say, Tiny Shakespeare): hold out the end of its text.
+        text = docs[0]["text"]
+        cut = _train_size(len(text), f, "characters")
+        train = datasets.Dataset.from_dict({"text": [text[:cut]]})
+        val = datasets.Dataset.from_dict({"text": [text[cut:]]})
+        return train, val, f"the last {f:g} of the text"
+    cut = _train_size(n, f, "documents")
+    if cfg.val_split == "tail":
+        return docs.select(range(cut)), docs.select(range(cut, n)), f"the last {f:g}"
+    rng = np.random.default_rng(cfg.seed)
+    is_val = np.zeros(n, bool)
+    is_val[rng.permutation(n)[cut:]] = True
+    how = f"{f:g} drawn with seed {cfg.seed}"
+    return docs.select(np.flatnonzero(~is_val)), docs.select(np.flatnonzero(is_val)), how
+
+
+def _train_size(n: int, fraction: float, units: str) -> int:
+    """How many of ``n`` units train: int(n * (1 - fraction)), nanoGPT's rule (train =
+    data[:int(n * 0.9)]), keeping at least one unit for validation; training may get none."""
+    cut = min(int(n * (1 - fraction)), n - 1)  # 1 - fraction rounds to 1.0 for a tiny fraction
+    if cut == 0:
+        raise DataError(
+            f"data.val_fraction: holding out {fraction:g} of {n} {units} leaves the training "
+            "split empty; lower data.val_fraction or add text"
+        )
+    return cut
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer and token-id cache
+
+
+def _tokenizer(
+    cfg: DataConfig,
+    tokenizer_path: str | Path | None,
+    corpus_key: dict[str, Any],
+    root: Path,
+    training_docs: Callable[[], datasets.Dataset],
+    log: Callable[[str], None],
+) -> TextTokenizer:
+    """The tokenizer to use: loaded from a file, built (byte), or trained on the training split;
+    a trained one is cached so that runs on the same corpus (``lm compare``) share it."""
+    if tokenizer_path is not None or cfg.tokenizer not in BUILTIN_TOKENIZERS:
+        return TextTokenizer.load(tokenizer_path or cfg.tokenizer)
+    if cfg.tokenizer == "byte":
+        return train_tokenizer("byte", ())
+    vocab_size = cfg.vocab_size if cfg.tokenizer == "bpe" else None
+    key = _hash({"corpus": corpus_key, "kind": cfg.tokenizer, "vocab_size": vocab_size})
+    path = root / "tokenizers" / f"{cfg.tokenizer}-{key}.json"
+    if path.is_file():
+        return TextTokenizer.load(path)
+    docs = training_docs()
+    log(f"tokenizer: training {cfg.tokenizer} on the training split")
+    texts = (text for batch in docs.iter(batch_size=1000) for text in batch["text"])
+    tokenizer = train_tokenizer(cfg.tokenizer, texts, vocab_size)
+    log(f"tokenizer: {cfg.tokenizer}, {tokenizer.vocab_size} tokens")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def _write_cache(
+    folder: Path,
+    splits: dict[str, datasets.Dataset],
+    tokenizer: TextTokenizer,
+    num_proc: int,
+    corpus_key: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
+    """Tokenize every split into a temporary folder, then rename it into place: the cache
+    folder either exists complete or not at all."""
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    if num_proc > 1:
+        # The workers are forked; tokenizers would disable its own threads there anyway, with
+        # a warning per worker.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    meta: dict[str, Any] = {"format": CACHE_FORMAT, "corpus": corpus_key, "dtype": dtype.__name__}
+    try:
+        for name, docs in splits.items():
+            log(f"data: tokenizing {len(docs):,} {name} documents with {num_proc} process(es)")
+            ids = _tokenize(docs, tokenizer, num_proc, tmp / f"{name}.arrow", name)
+            meta[name] = _write_split(ids, tmp, name, dtype)
+            del ids
+        for arrow in tmp.glob("*.arrow"):  # datasets' intermediate output, now in the .bin files
+            arrow.unlink()
+        meta["vocab_size"] = tokenizer.vocab_size
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        tmp.rename(folder)
+    except OSError:
+        # Another process may have finished the same cache first; theirs is identical.
+        if not (folder / "meta.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tokenize(
+    docs: datasets.Dataset, tokenizer: TextTokenizer, num_proc: int, arrow: Path, name: str
+) -> datasets.Dataset:
+    """A dataset with one ``ids`` list per document, ``<eod>`` appended (batched, in parallel)."""
+    eod = tokenizer.eod_id
+
+    def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
+        return {"ids": [[*ids, eod] for ids in tokenizer.encode_batch(batch["text"])]}
+
+    return docs.map(
+        encode,
+        batched=True,
+        batch_size=1000,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=docs.column_names,
+        cache_file_name=str(arrow),
+        desc=f"tokenizing {name}",
+    )
+
+
+def _write_split(ids: datasets.Dataset, folder: Path, name: str, dtype: type) -> dict[str, int]:
+    column = ids.data.column("ids")  # a fresh map output: no index mapping to honour
+    offsets = np.zeros(len(column) + 1, np.int64)
+    np.cumsum(pc.list_value_length(column).to_numpy(), out=offsets[1:])
+    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="w+", shape=(int(offsets[-1]),))
+    position = 0
+    for chunk in column.chunks:  # one arrow chunk at a time: memory stays bounded
+        flat = chunk.flatten().to_numpy()
+        tokens[position : position + len(flat)] = flat
+        position += len(flat)
+    tokens.flush()
+    del tokens
+    offsets.tofile(folder / f"{name}.idx")
+    return {"documents": len(column), "tokens": int(offsets[-1])}
+
+
+def _read_split(folder: Path, name: str, dtype: np.dtype) -> TokenizedSplit:
+    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r")
+    return TokenizedSplit(tokens, np.fromfile(folder / f"{name}.idx", dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+
+
+class PaddedCollator:
+    """Token-id sequences -> one batch of next-token examples, padded to a common length.
+
+    A sequence of L tokens gives L - 1 examples: ``input_ids`` = seq[:-1], ``targets`` =
+    seq[1:], both padded with ``pad_id`` on ``padding_side`` to T = (longest L) - 1, rounded
+    up to ``pad_to_multiple_of``. ``key_mask`` and ``loss_mask`` are True at the real
+    positions (the same positions, since input and target are aligned). Left padding is for
+    batched generation: every row's last token sits in the last column.
+
+    ``max_length`` caps T: a longer sequence keeps its first ``max_length`` + 1 tokens with
+    right padding, its last ones with left padding (the context nearest the next token).
+    A sequence of fewer than 2 tokens has nothing to predict and is an error (ValueError):
+    padded mode never makes one, since documents are chunked to at least 2 tokens.
+    """
+
+    def __init__(
+        self,
+        pad_id: int,
+        padding_side: str = "right",
+        pad_to_multiple_of: int | None = None,
+        max_length: int | None = None,
+    ) -> None:
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be right or left, got {padding_side!r}")
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        self.pad_id = pad_id
+        self.padding_side = padding_side
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.max_length = max_length
+
+    def __call__(self, sequences: Sequence[Sequence[int] | np.ndarray]) -> dict[str, torch.Tensor]:
+        right = self.padding_side == "right"
+        seqs = [np.asarray(s, dtype=np.int64) for s in sequences]
+        if not seqs:
+            raise ValueError("PaddedCollator: no sequences")
+        if self.max_length is not None:
+            keep = self.max_length + 1
+            seqs = [s[:keep] if right else s[-keep:] for s in seqs]
+        short = [i for i, s in enumerate(seqs) if len(s) < 2]
+        if short:
+            raise ValueError(f"PaddedCollator: sequence {short[0]} has under 2 tokens, no target")
+        T = max(len(s) for s in seqs) - 1
+        if self.pad_to_multiple_of:
+            T = -(-T // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        if self.max_length is not None:
+            T = min(T, self.max_length)
+        input_ids = np.full((len(seqs), T), self.pad_id, np.int64)  # (B, T)
+        targets = np.full((len(seqs), T), self.pad_id, np.int64)
+        real = np.zeros((len(seqs), T), bool)
+        for i, s in enumerate(seqs):
+            n = len(s) - 1
+            cols = slice(0, n) if right else slice(T - n, T)
+            input_ids[i, cols] = s[:-1]
+            targets[i, cols] = s[1:]
+            real[i, cols] = True
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "targets": torch.from_numpy(targets),
+            "key_mask": torch.from_numpy(real),
+            "loss_mask": torch.from_numpy(real.copy()),
+        }
+
+
+class TrainBatches:
+    """The training batches of every optimizer step, computed from (seed, step) alone.
+
+    The global batch of a step holds ``batch_size`` sequences; it is cut into
+    ``grad_accum * world_size`` equal parts and micro-batch m of rank r is part
+    ``m * world_size + r``. Any (grad_accum, world_size) with the same batch_size therefore
+    trains on the same examples at every step, and resuming needs only the step number.
+
+    packed: random windows of context_length + 1 tokens of the token stream, the numpy
+    generator seeded with (seed, step). padded: document chunks; epoch e shuffles them with
+    (seed, e), sorts them by length inside groups of ``MEGA_BATCHES`` batches (so a batch
+    holds similar lengths and little padding), forms batches, and shuffles the batch order.
+    The examples of an epoch that do not fill a whole batch (fewer than batch_size, a random
+    choice each epoch) wait for the next epoch.
+    """
+
+    padding_fraction: float
+    """Fraction of target slots that are padding over the first epoch (0.0 when packed)."""
+    batches_per_epoch: int | None
+    """Steps per pass over the document chunks (padded mode; None when packed)."""
+
+    def __init__(
+        self,
+        split: TokenizedSplit,
+        cfg: DataConfig,
+        context_length: int,
+        batch_size: int,
+        grad_accum: int,
+        pad_id: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        parts = grad_accum * world_size
+        if batch_size % parts:
+            raise ConfigError(
+                f"train.batch_size: {batch_size} is not divisible by grad_accum x processes "
+                f"= {grad_accum} x {world_size}"
+            )
+        self.split = split
+        self.cfg = cfg
+        self.context_length = context_length
+        self.batch_size = batch_size
+        self.grad_accum = grad_accum
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.micro_size = batch_size // parts
+        self.padding_fraction = 0.0
+        self.batches_per_epoch = None
+        if cfg.mode == "packed":
+            needed = context_length + 2
+            if split.n_tokens < needed:
+                raise DataError(
+                    f"data: the training split has {split.n_tokens} tokens; packed windows of "
+                    f"model.context_length={context_length} need at least {needed}"
+                )
+            return
+        self._starts, self._lengths = _chunks(split, context_length)
+        self.batches_per_epoch = len(self._starts) // batch_size
+        if self.batches_per_epoch == 0:
+            raise DataError(
+                f"data: the training split makes {len(self._starts)} padded sequences (pieces "
+                f"of up to model.context_length+1 tokens), fewer than train.batch_size={batch_size}"
+            )
+        self._collate = PaddedCollator(pad_id)
+        self._plan: tuple[int, np.ndarray] | None = None
+        self.padding_fraction = self._padding_fraction(self._epoch(0))
+
+    def step(self, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """The micro-batches (grad_accum of them) this rank trains on at optimizer step `step`,
+        and the number of real target tokens in the WHOLE global batch of that step (all
+        ranks, all micro-batches)."""
+        if self.cfg.mode == "packed":
+            rng = np.random.default_rng((self.seed, step))
+            high = self.split.n_tokens - self.context_length - 1
+            starts = rng.integers(0, high, size=self.batch_size, endpoint=True)
+            micro = [
+                _packed_batch(self.split, starts[part], self.context_length, self.cfg)
+                for part in self._parts()
+            ]
+            return micro, self.batch_size * self.context_length
+        epoch, index = divmod(step, self.batches_per_epoch)
+        rows = self._epoch(epoch)[index]
+        micro = [self._collate([self._sequence(i) for i in rows[part]]) for part in self._parts()]
+        return micro, int((self._lengths[rows] - 1).sum())
+
+    def _parts(self) -> list[slice]:
+        # Part m * world_size + rank: at each micro-step every rank holds a neighbouring slice
+        # of the length-sorted batch, so ranks wait little for each other.
+        size = self.micro_size
+        parts = (m * self.world_size + self.rank for m in range(self.grad_accum))
+        return [slice(p * size, (p + 1) * size) for p in parts]
+
+    def _sequence(self, i: int) -> np.ndarray:
+        start = self._starts[i]
+        return self.split.tokens[start : start + self._lengths[i]]
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        """Example indices of the batches of ``epoch``: [batches_per_epoch, batch_size]."""
+        if self._plan is not None and self._plan[0] == epoch:
+            return self._plan[1]
+        rng = np.random.default_rng((self.seed, epoch))
+        n_batches, size = self.batches_per_epoch, self.batch_size
+        order = rng.permutation(len(self._starts))[: n_batches * size]
+        group = np.arange(len(order)) // (MEGA_BATCHES * size)
+        # lexsort orders by its last key first: by group, then longest first inside a group.
+        order = order[np.lexsort((-self._lengths[order], group))]
+        batches = order.reshape(n_batches, size)[rng.permutation(n_batches)]
+        self._plan = (epoch, batches)
+        return batches
+
+    def _padding_fraction(self, batches: np.ndarray) -> float:
+        targets = self._lengths[batches].reshape(len(batches), -1, self.micro_size) - 1
+        slots = targets.max(axis=-1, keepdims=True) * self.micro_size
+        return float(1.0 - targets.sum() / slots.sum())
+
+
+def eval_batches(
+    split: TokenizedSplit,
+    cfg: DataConfig,
+    context_length: int,
+    batch_size: int,
+    pad_id: int,
+    max_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Deterministic batches covering the whole split: every token but the first is a target
+    exactly once. ``context_length`` may exceed the model's (to measure length extrapolation).
+
+    packed: consecutive windows tokens[i*T : i*T + T + 1], the last one shorter and padded.
+    padded: every document chunk once, longest first (least padding).
+    The first ``max_batches`` batches (all when None) are dealt out: rank r takes r, r + W, ...
+    """
+    T = context_length
+    if cfg.mode == "packed":
+        starts = np.arange(0, split.n_tokens - 1, T)
+        lengths = np.minimum(starts + T + 1, split.n_tokens) - starts
+    else:
+        starts, lengths = _chunks(split, T)
+        longest_first = np.argsort(-lengths, kind="stable")
+        starts, lengths = starts[longest_first], lengths[longest_first]
+    n_batches = -(-len(starts) // batch_size)
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    collate = PaddedCollator(pad_id)
+    for b in range(rank, n_batches, world_size):
+        rows = slice(b * batch_size, (b + 1) * batch_size)
+        batch = collate(
+            [split.tokens[s : s + n] for s, n in zip(starts[rows], lengths[rows], strict=True)]
+        )
+        if cfg.mode == "packed" and cfg.document_mask:
+            batch["segment_ids"] = _segment_ids(split, starts[rows], batch["input_ids"].shape[1])
+        yield batch
+
+
+def _chunks(split: TokenizedSplit, context_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, length) of every padded-mode example: each document cut into pieces of at most
+    context_length + 1 tokens, consecutive pieces sharing one token so that every target of the
+    document is predicted exactly once."""
+    C = context_length
+    doc_start = split.offsets[:-1]
+    doc_len = np.diff(split.offsets)
+    per_doc = -(-np.maximum(doc_len - 1, 0) // C)  # ceil((len - 1) / C)
+    doc = np.repeat(np.arange(split.n_docs), per_doc)
+    first_of_doc = np.repeat(np.cumsum(per_doc) - per_doc, per_doc)
+    starts = doc_start[doc] + (np.arange(len(doc)) - first_of_doc) * C
+    ends = np.minimum(starts + C + 1, doc_start[doc] + doc_len[doc])
+    return starts, ends - starts
+
+
+def _packed_batch(
+    split: TokenizedSplit, starts: np.ndarray, context_length: int, cfg: DataConfig
+) -> dict[str, torch.Tensor]:
+    positions = starts[:, None] + np.arange(context_length + 1)  # (B, T + 1)
+    window = torch.from_numpy(split.tokens[positions].astype(np.int64))
+    everywhere = torch.ones(len(starts), context_length, dtype=torch.bool)
+    batch = {
+        "input_ids": window[:, :-1].contiguous(),
+        "targets": window[:, 1:].contiguous(),
+        "key_mask": everywhere,
+        "loss_mask": everywhere.clone(),
+    }
+    if cfg.document_mask:
+        batch["segment_ids"] = _segment_ids(split, starts, context_length)
+    return batch
+
+
+def _segment_ids(split: TokenizedSplit, starts: np.ndarray, T: int) -> torch.Tensor:
+    """(B, T) index of the document of each input position, counted from the window's first.
+    Padding past the end of the split continues the last document, keeping rows non-decreasing."""
+    positions = np.minimum(starts[:, None] + np.arange(T), split.n_tokens - 1)
+    doc = np.searchsorted(split.offsets, positions, side="right") - 1
+    return torch.from_numpy((doc - doc[:, :1]).astype(np.int64))

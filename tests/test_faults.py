@@ -1,0 +1,218 @@
+"""What happens when things go wrong: crashes, failed writes, NaNs, a second writer, memory."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _support import losses, metrics, tiny_config, write_config
+from safetensors.torch import load_file
+
+import lm.checkpoint
+from lm.checkpoint import CHECKPOINTS, SLOW_WRITE_ENV, complete_checkpoints, latest_checkpoint
+from lm.runs import LOCK, RunLocked, load_run
+from lm.train import INJECT_NONFINITE_ENV, train
+
+KILL_TRAIN = {"max_steps": 48, "checkpoint_every": 4, "eval_every": 24, "log_every": 1}
+
+
+def start(config: Path, run_dir: Path, *extra: str, slow_write: float = 0.0) -> subprocess.Popen:
+    env = {**os.environ, SLOW_WRITE_ENV: str(slow_write)}
+    cmd = [sys.executable, "-m", "lm", "train", str(config), "--out", str(run_dir), "--quiet"]
+    return subprocess.Popen([*cmd, *extra], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+    """Poll until ``predicate()`` holds (True) or the process ends first (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.002)
+    raise TimeoutError("training neither reached the kill point nor ended")
+
+
+def logged_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return -1
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+    return max(steps, default=-1)
+
+
+def writing(run_dir: Path) -> bool:
+    root = run_dir / CHECKPOINTS
+    return root.is_dir() and any(p.name.startswith(".tmp-") for p in root.iterdir())
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    assert losses(a) == losses(b)
+    assert losses(a, "val_loss") == losses(b, "val_loss")
+    wa = load_file(str(latest_checkpoint(a) / "model.safetensors"))
+    wb = load_file(str(latest_checkpoint(b) / "model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run, as a subprocess like the runs it is compared with."""
+    root = tmp_path_factory.mktemp("faults")
+    config = write_config(
+        root / "c.yaml", data={"cache_dir": str(root / "cache")}, train=KILL_TRAIN
+    )
+    proc = start(config, root / "reference")
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    return config, root / "reference"
+
+
+def test_sigkill_at_random_steps_and_mid_checkpoint_then_resume_equals_uninterrupted(
+    reference, tmp_path
+):
+    config, ref = reference
+    run = tmp_path / "run"
+    rng = random.Random(0)
+    kills = {"step": 0, "checkpoint write": 0}
+    started = False
+    for attempt in range(8):
+        mode = "checkpoint write" if attempt % 2 else "step"
+        extra = ("--resume",) if started else ()
+        proc = start(config, run, *extra, slow_write=0.2 if mode == "checkpoint write" else 0.0)
+        started = True
+        if mode == "step":
+            target = logged_step(run) + rng.randint(1, 6)
+            hit = wait_for(lambda: logged_step(run) >= target, proc)  # noqa: B023
+        else:
+            hit = wait_for(lambda: writing(run), proc)
+        if not hit:  # it finished before the kill point
+            assert proc.returncode == 0, proc.stderr.read()
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills[mode] += 1
+        # After any kill: every logged line is whole, and the newest complete checkpoint loads.
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            json.loads(line)
+        newest = latest_checkpoint(run)
+        if newest is not None:
+            load_run(run, newest)
+    else:
+        proc = start(config, run, "--resume")
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    assert kills["step"] >= 3 and kills["checkpoint write"] >= 3, kills
+    assert not writing(run)  # the half-written folders were cleaned up
+    assert_same_run(run, ref)
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues_the_same_curve(reference, tmp_path):
+    config, ref = reference
+    run = tmp_path / "run"
+    proc = start(config, run)
+    assert wait_for(lambda: logged_step(run) >= 6, proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert "checkpoint saved" in proc.stderr.read()
+    stopped_at = int(latest_checkpoint(run).name.split("_")[1])
+    assert stopped_at >= 6
+    proc = start(config, run, "--resume")
+    assert proc.wait(timeout=300) == 0
+    assert_same_run(run, ref)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        PermissionError(errno.EACCES, "Permission denied"),
+    ],
+    ids=["disk-full", "permission-denied"],
+)
+def test_a_failing_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, error):
+    real = lm.checkpoint.save_file
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint's optimizer file
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lm.checkpoint, "save_file", flaky)
+    cfg = tiny_config(train={"max_steps": 20, "checkpoint_every": 5, "eval_every": 20})
+    result = train(cfg, tmp_path / "stop", quiet=True)
+    assert result.status == "checkpoint_failed" and result.step == 10
+    assert error.strerror in result.message and "step_00000010" in result.message
+    assert "\n" not in result.message
+    assert [p.name for p in complete_checkpoints(tmp_path / "stop")] == ["step_00000005"]
+    assert not writing(tmp_path / "stop")
+    assert load_run(tmp_path / "stop").step == 5
+
+    calls["n"] = 0
+    cfg = tiny_config(
+        train={"max_steps": 20, "checkpoint_every": 5, "on_checkpoint_error": "continue"}
+    )
+    result = train(cfg, tmp_path / "go-on", quiet=True)
+    assert result.status == "done" and result.step == 20
+    assert latest_checkpoint(tmp_path / "go-on").name == "step_00000020"
+
+
+def test_nonfinite_loss_stops_at_its_step_keeping_the_last_good_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(INJECT_NONFINITE_ENV, "7")  # 0-based: the 8th optimizer step
+    cfg = tiny_config(train={"max_steps": 20, "checkpoint_every": 5})
+    result = train(cfg, tmp_path / "run", quiet=True)
+    assert result.status == "nonfinite" and "step 8" in result.message
+    assert latest_checkpoint(tmp_path / "run").name == "step_00000005"
+    run = load_run(tmp_path / "run")
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
+
+
+def test_nonfinite_loss_can_be_skipped_and_is_counted(tmp_path, monkeypatch):
+    monkeypatch.setenv(INJECT_NONFINITE_ENV, "7")
+    cfg = tiny_config(train={"max_steps": 20, "on_nonfinite": "skip", "log_every": 1})
+    result = train(cfg, tmp_path / "run", quiet=True)
+    assert result.status == "done"
+    by_step = {m["step"]: m for m in metrics(tmp_path / "run") if "nonfinite_skips" in m}
+    assert by_step[7]["nonfinite_skips"] == 0 and by_step[8]["nonfinite_skips"] == 1
+    assert by_step[20]["nonfinite_skips"] == 1
+    run = load_run(tmp_path / "run")
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
+
+
+def test_one_writer_per_run_and_a_dead_writer_leaves_no_stuck_lock(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+
+        (run / LOCK).write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid}))
+        with pytest.raises(RunLocked, match=f"another process \\(pid {sleeper.pid}"):
+            train(tiny_config(train={"max_steps": 3}), run, quiet=True)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    result = train(tiny_config(train={"max_steps": 3}), run, resume=True, quiet=True)
+    assert result.status == "done" and not (run / LOCK).exists()
+
+
+def test_resident_memory_stays_flat_over_thousands_of_steps(tmp_path):
+    cfg = tiny_config(
+        model={"context_length": 8, "n_layer": 1, "n_head": 1, "d_model": 16},
+        train={"max_steps": 2000, "batch_size": 2, "log_every": 250, "eval_every": 0,
+               "checkpoint_every": 0, "warmup_steps": 0},
+    )  # fmt: skip
+    train(cfg, tmp_path / "run", quiet=True)
+    rss = {m["step"]: m["rss_mb"] for m in metrics(tmp_path / "run") if "rss_mb" in m}
+    warm = rss[500]
+    assert max(v for s, v in rss.items() if s >= 500) - warm < 15.0, rss
