@@ -211,7 +211,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read weights ({_first_line(e)})") from None
     if missing or unexpected:
-        names = ", ".join((missing or unexpected)[:3])
+        names = ", ".join(sorted(missing or unexpected)[:3])
         kind = "missing" if missing else "unexpected"
         raise CheckpointError(f"{path}: weights do not fit this model ({kind}: {names})")
 

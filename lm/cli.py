@@ -12,15 +12,20 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from lm.config import ConfigError, LMError
+from lm.config import LMError
 
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (it prints usage plus an error by default)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def one_line(text: str) -> str:
+    """A message as one line whatever it quotes (a file name or flag may hold a newline)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _context_lengths(text: str) -> list[int]:
@@ -133,6 +138,8 @@ def _read_prompts(raw: list[str]) -> list[str]:
                 p = sys.stdin.read()
             except UnicodeDecodeError:
                 raise LMError("standard input is not UTF-8 text") from None
+            except OSError as e:
+                raise LMError(f"cannot read the prompt from standard input ({e})") from None
         prompts.append(p)
     return prompts
 
@@ -199,12 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
+        parser.error(f"a command is required: {', '.join(COMMANDS)}")
     try:
         return COMMANDS[args.command](args)
-    except (LMError, ConfigError) as e:
-        print(f"lm: error: {e}", file=sys.stderr)
+    except LMError as e:
+        print(f"lm: error: {one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lm: interrupted", file=sys.stderr)

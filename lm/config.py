@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -299,6 +300,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if t is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
             return float(value)
         if t is str and isinstance(value, str):
             return value
@@ -310,6 +313,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
 
 def _raise(message: str) -> Any:
     raise ConfigError(message)
+
+
+def _name(key: Any) -> str:
+    """A key as it can be shown in one line: plain names as they are, anything odd quoted."""
+    text = str(key)
+    return text if text.isprintable() and text.strip() == text and text else repr(key)
 
 
 def _build_section(name: str, values: Any) -> Any:
@@ -325,7 +334,7 @@ def _build_section(name: str, values: Any) -> Any:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {name}.{close[0]}?)" if close else ""
-            raise ConfigError(f"{name}.{key}: unknown key{hint}")
+            raise ConfigError(f"{name}.{_name(key)}: unknown key{hint}")
         kwargs[key] = _coerce(f"{name}.{key}", value, hints[key])
     try:
         return cls(**kwargs)
@@ -342,7 +351,7 @@ def config_from_dict(raw: Any) -> Config:
         raise ConfigError("config: expected a mapping with sections model, data, train")
     for key in raw:
         if key not in SECTIONS:
-            raise ConfigError(f"{key}: unknown section (allowed: {', '.join(SECTIONS)})")
+            raise ConfigError(f"{_name(key)}: unknown section (allowed: {', '.join(SECTIONS)})")
     return Config(**{name: _build_section(name, raw.get(name)) for name in SECTIONS})
 
 
@@ -358,6 +367,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
             raise ConfigError(
                 f"--set {key!r}: expected SECTION.KEY with SECTION one of {', '.join(SECTIONS)}"
             )
+        if not parts[1].isidentifier():
+            raise ConfigError(f"--set {key!r}: {_name(parts[1])} is not a config key name")
         nested.setdefault(parts[0], {})[parts[1]] = parse_value(text)
     return nested
 

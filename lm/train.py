@@ -275,7 +275,8 @@ def _train(
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         _log(world, quiet, f"lm: {run_dir} has no complete checkpoint yet; starting fresh")
-    if checkpoint is not None:
+    if checkpoint is not None:  # check what a resume needs before any slow work
+        state = read_state(checkpoint)
         saved = load_config(run_dir / CONFIG)
         _check_resumable(saved, config)
     elif world.is_main and overwrite:
@@ -306,7 +307,6 @@ def _train(
 
     start_step, elapsed_before, best_val, skipped = 0, 0.0, None, 0
     if checkpoint is not None:
-        state = read_state(checkpoint)
         load_weights(model, checkpoint)
         load_optimizer(optimizer, checkpoint, state)
         set_rng_state(state["rng"])

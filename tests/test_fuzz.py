@@ -1,0 +1,106 @@
+"""Property-based: random configs, --set values, flags and prompts never end in a traceback."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from _support import write_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lm.cli import main
+from lm.config import SECTIONS, Config, ConfigError, config_from_dict, load_config
+
+NAMES = [f.name for cls in SECTIONS.values() for f in fields(cls)]
+DOTTED = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+SECTION_BODY = st.one_of(
+    st.dictionaries(st.one_of(st.sampled_from(NAMES), st.text(max_size=8)), VALUES, max_size=6),
+    VALUES,
+)
+CONFIGS = st.one_of(
+    st.dictionaries(
+        st.one_of(st.sampled_from(list(SECTIONS)), st.text(max_size=6)), SECTION_BODY, max_size=4
+    ),
+    VALUES,
+)
+# capsys is read (and so emptied) after every example, so sharing it across examples is safe.
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def one_line(error: Exception) -> None:
+    text = str(error)
+    assert text and "\n" not in text
+
+
+@FUZZ
+@given(CONFIGS)
+def test_random_configs_load_or_fail_in_one_line(raw):
+    try:
+        assert isinstance(config_from_dict(raw), Config)
+    except ConfigError as e:
+        one_line(e)
+
+
+@FUZZ
+@given(st.one_of(st.sampled_from(DOTTED), st.text(max_size=15)), st.text(max_size=15))
+def test_random_set_values_load_or_fail_in_one_line(key, value):
+    try:
+        load_config(None, [f"{key}={value}"])
+    except ConfigError as e:
+        one_line(e)
+
+
+WORDS = st.sampled_from(
+    ["train", "sample", "eval", "--set", "--prompt", "--out", "--resume", "--overwrite",
+     "--max-new-tokens", "--temperature", "--top-k", "--seed", "--context-lengths",
+     "--checkpoint", "--split", "--no-kv-cache", "-", "0", "-1", "nan", "1e9"]
+)  # fmt: skip
+
+
+@FUZZ
+@given(st.lists(st.one_of(WORDS, st.text(max_size=8)), max_size=7))
+def test_random_command_lines_end_in_a_result_or_one_line(capsys, argv):
+    if "--help" in argv or "-h" in argv:
+        return
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code in (0, 2), err
+    if code == 2:
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    cfg = write_config(
+        root / "c.yaml", data={"cache_dir": str(root / "cache")}, train={"max_steps": 3}
+    )
+    assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
+    return root / "run"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    prompt=st.text(max_size=80),  # any Unicode, empty, longer than the 32-token context
+    n=st.integers(1, 6),
+    temperature=st.sampled_from(["0", "0.7", "2"]),
+)
+def test_random_prompts_always_continue(run, capsys, prompt, n, temperature):
+    argv = ["sample", str(run), "--prompt", prompt, "--max-new-tokens", str(n)]
+    code = main([*argv, "--temperature", temperature, "--seed", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith(prompt)
