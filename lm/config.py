@@ -208,6 +208,8 @@ class TrainConfig:
     """For wsd: fraction of max_steps spent decaying at the end."""
     optimizer: str = "adamw"
     """adamw | muon (Muon for hidden matrices, AdamW for embeddings, head and norms)."""
+    muon_lr: float = 0.02
+    """Peak learning rate of Muon's hidden matrices (the schedule scales it like lr)."""
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices only."""
     beta1: float = 0.9
@@ -252,6 +254,7 @@ class TrainConfig:
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
+        _positive(s, self, "muon_lr")
         _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
         _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
         _positive(s, self, "eval_every", "checkpoint_every", allow_zero=True)

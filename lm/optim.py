@@ -1,9 +1,11 @@
 """Optimizers and learning-rate schedules.
 
 AdamW decays matrices only (embeddings included, as GPT-2); vectors (norm gains, biases) are
-not decayed. The schedule is a linear warmup, then cosine, linear, constant or WSD (warmup,
-stable, decay: constant until the last ``decay_fraction`` of training, then linear to
-``min_lr``).
+not decayed. Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers") replaces each
+hidden weight matrix's momentum update by the nearest semi-orthogonal matrix; embeddings, the
+head and vectors stay with AdamW. The schedule is a linear warmup, then cosine, linear,
+constant or WSD (warmup, stable, decay: constant until the last ``decay_fraction`` of training,
+then linear to ``min_lr``).
 """
 
 from __future__ import annotations
@@ -39,15 +41,95 @@ def build_optimizer(
     model: nn.Module, cfg: TrainConfig, device: torch.device
 ) -> torch.optim.Optimizer:
     params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        return _muon(model, cfg)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=device.type == "cuda" or None
-    )
+    # The fused kernel exists for CUDA and CPU: one pass over all parameters per step.
+    fused = device.type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def _muon(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    hidden = {
+        id(p) for name, p in model.named_parameters() if ".blocks." in f".{name}" and p.dim() == 2
+    }
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    matrices = [p for _, p in named if id(p) in hidden]
+    others_2d = [p for _, p in named if id(p) not in hidden and p.dim() >= 2]
+    vectors = [p for _, p in named if p.dim() < 2]
+    groups = [
+        {"params": matrices, "kind": "muon", "lr_scale": cfg.muon_lr / cfg.lr, "weight_decay": 0.0},
+        {"params": others_2d, "kind": "adamw", "weight_decay": cfg.weight_decay},
+        {"params": vectors, "kind": "adamw", "weight_decay": 0.0},
+    ]
+    return Muon(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Approximately ``U V^T`` of ``g = U S V^T``: a quintic Newton-Schulz iteration whose
+    coefficients push every singular value towards 1 in a few steps (Jordan et al.)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g.float()
+    wide = x.shape[0] <= x.shape[1]
+    if not wide:
+        x = x.T  # iterate on the smaller Gram matrix
+    x = x / (x.norm() + 1e-7)  # singular values <= 1, inside the iteration's basin
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x if wide else x.T).to(g.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for groups with ``kind="muon"``, AdamW for the rest, in one optimizer (one state)."""
+
+    def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float],
+                 momentum: float = 0.95, eps: float = 1e-8):  # fmt: skip
+        super().__init__(groups, {"lr": lr, "betas": betas, "momentum": momentum, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if group["kind"] == "muon":
+                    self._muon_update(p, state, group)
+                else:
+                    self._adamw_update(p, state, group)
+
+    @staticmethod
+    def _muon_update(p: torch.Tensor, state: dict, group: dict) -> None:
+        buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
+        buf.mul_(group["momentum"]).add_(p.grad)
+        update = p.grad.add(buf, alpha=group["momentum"])  # Nesterov
+        update = orthogonalize(update)
+        scale = max(1.0, p.shape[0] / p.shape[1]) ** 0.5  # same RMS whatever the aspect ratio
+        if group["weight_decay"]:
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.add_(update, alpha=-group["lr"] * scale)
+
+    @staticmethod
+    def _adamw_update(p: torch.Tensor, state: dict, group: dict) -> None:
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        beta1, beta2 = group["betas"]
+        state["step"] += 1
+        t = float(state["step"])
+        state["exp_avg"].lerp_(p.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
+        if group["weight_decay"]:
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**t))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

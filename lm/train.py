@@ -112,6 +112,63 @@ def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.Abs
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+class Stepper:
+    """One optimizer step over the micro-batches of a global batch.
+
+    Each micro-batch's summed loss is divided by the number of real targets in the whole global
+    batch (times the process count, since DDP averages gradients), so accumulated gradients are
+    exactly those of one big batch. DDP syncs gradients only on the last micro-batch.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        raw_model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        autocast: contextlib.AbstractContextManager,
+        world: World,
+        device: torch.device,
+        grad_clip: float,
+    ):
+        self.model, self.raw_model, self.optimizer = model, raw_model, optimizer
+        self.scaler, self.autocast, self.world, self.device = scaler, autocast, world, device
+        self.clip = grad_clip if grad_clip > 0 else float("inf")
+        self.params = [p for p in raw_model.parameters() if p.requires_grad]
+
+    def forward_backward(
+        self, micro_batches: list[dict[str, torch.Tensor]], n_targets: int, poison: bool = False
+    ) -> torch.Tensor:
+        """Accumulate gradients; returns the step's mean loss (a device scalar, not read)."""
+        scale = self.world.size / n_targets
+        step_loss = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            b = model_inputs(batch, self.device)
+            last = i == len(micro_batches) - 1
+            no_sync = self.world.distributed and not last
+            with self.model.no_sync() if no_sync else contextlib.nullcontext():
+                with self.autocast:
+                    logits = self.model(**b["inputs"])
+                loss = loss_sum(logits, b["targets"], b["loss_mask"]) * scale
+                if poison:  # the fault-injection hook of the tests
+                    loss = loss * float("nan")
+                self.scaler.scale(loss).backward()
+            step_loss += loss.detach()
+        return step_loss
+
+    def update(self, step_loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Clip and apply the gradients unless something is non-finite; returns (norm, finite)."""
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        # The one host-device sync per step: a NaN must be caught at the step it happens.
+        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(step_loss))
+        if finite or self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # with fp16 the scaler itself skips an overflow
+            self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, finite
+
+
 class _StopSignals:
     """SIGINT/SIGTERM ask the loop to save a checkpoint and stop at the next step boundary."""
 
@@ -326,6 +383,7 @@ def _train(
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)
     autocast = autocast_context(device, dtype)
+    stepper = Stepper(model, raw_model, optimizer, scaler, autocast, world, device, tc.grad_clip)
 
     ctx = config.model.context_length
     pad_id = data.tokenizer.pad_id
@@ -414,32 +472,9 @@ def _train(
             lr = lr_at(step, tc)
             set_lr(optimizer, lr)
             micro_batches, n_targets = batches.step(step)
-            scale = world.size / n_targets  # DDP averages gradients over processes
-            step_loss = torch.zeros((), device=device)
-            for i, batch in enumerate(micro_batches):
-                b = model_inputs(batch, device)
-                last = i == len(micro_batches) - 1
-                sync = (
-                    contextlib.nullcontext() if last or not world.distributed else model.no_sync()
-                )
-                with sync:
-                    with autocast:
-                        logits = model(**b["inputs"])
-                    loss = loss_sum(logits, b["targets"], b["loss_mask"]) * scale
-                    if step == inject_at:
-                        loss = loss * float("nan")
-                    scaler.scale(loss).backward()
-                step_loss += loss.detach()
-            scaler.unscale_(optimizer)
-            clip = tc.grad_clip if tc.grad_clip > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), clip)
-            finite = bool(torch.isfinite(grad_norm)) and bool(torch.isfinite(step_loss))
-            if not finite:
-                optimizer.zero_grad(set_to_none=True)
-                if scaler.is_enabled():
-                    scaler.update()  # fp16 overflow: the scaler backs off and the step is skipped
-                    step += 1
-                    continue
+            step_loss = stepper.forward_backward(micro_batches, n_targets, step == inject_at)
+            grad_norm, finite = stepper.update(step_loss)
+            if not finite and not scaler.is_enabled():  # (fp16 overflow: the scaler backs off)
                 if tc.on_nonfinite == "stop":
                     status = "nonfinite"
                     message = (
@@ -455,10 +490,7 @@ def _train(
                         "nonfinite_skips": skipped,
                     }
                 )
-            else:
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
+            elif finite:
                 loss_acc += step_loss
                 steps_since_log += 1
             step += 1

@@ -17,7 +17,7 @@ from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import LMError
 from lm.data import PaddedCollator
 from lm.model import TransformerLM, loss_sum
-from lm.optim import lr_at
+from lm.optim import lr_at, orthogonalize
 from lm.train import INJECT_NONFINITE_ENV, train
 
 
@@ -50,8 +50,11 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         assert (tmp_path / "run" / name).is_file()
 
 
-def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch):
-    cfg = tiny_config(train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12})
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, monkeypatch, optimizer):
+    cfg = tiny_config(
+        train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12, "optimizer": optimizer}
+    )
     train(cfg, tmp_path / "straight", quiet=True)
     # Crash at step 13 (between checkpoints 8 and 16), then resume from checkpoint 8.
     monkeypatch.setenv(INJECT_NONFINITE_ENV, "13")
@@ -179,3 +182,15 @@ def test_schedule_warms_up_then_decays_to_min_lr():
         }
     ).train
     assert lr_at(79, wsd) == 1.0 and lr_at(90, wsd) == pytest.approx(0.5)
+
+
+def test_muon_orthogonalizes_and_trains(tmp_path):
+    g = torch.randn(96, 32)
+    singular = torch.linalg.svdvals(orthogonalize(g))
+    assert 0.5 < singular.min() and singular.max() < 1.3  # pushed towards 1 from any spread
+    result = train(
+        tiny_config(train={"optimizer": "muon", "max_steps": 30}), tmp_path / "r", quiet=True
+    )
+    assert result.status == "done"
+    lines = [m["train_loss"] for m in metrics(tmp_path / "r") if "train_loss" in m]
+    assert lines[-1] < lines[0] - 0.5
