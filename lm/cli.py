@@ -1,4 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention`` (also ``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | attention | positions`` (also
+``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -60,6 +61,18 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of integers"
+        ) from None
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct seeds, e.g. 1,2,3")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="lm",
@@ -115,6 +128,69 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=_positive_int)
     e.add_argument("--max-batches", type=_positive_int, help="evaluate only this many batches")
     e.add_argument("--device", default="auto")
+
+    c = sub.add_parser(
+        "compare",
+        help="train runs that differ in one key (a sweep) and compare them: table, plots, samples",
+    )
+    c.add_argument(
+        "paths",
+        nargs="+",
+        metavar="CONFIG_OR_RUN",
+        help="one CONFIG.yaml with --vary (a sweep), or run folders / a sweep folder (report only)",
+    )
+    c.add_argument(
+        "--vary",
+        metavar="KEY=V1,V2,...",
+        help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned",
+    )
+    c.add_argument(
+        "--seeds", type=_seeds, help="train.seed values, e.g. 1,2,3 (default: the config's)"
+    )
+    c.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys for every run of the sweep",
+    )
+    c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
+    c.add_argument("--prompt", help="text every run continues (default: 'The for statement')")
+    c.add_argument("--max-new-tokens", type=_positive_int, default=80)
+    c.add_argument(
+        "--eval-batches",
+        type=_positive_int,
+        help="batches per context length (default: each run's train.eval_steps)",
+    )
+    c.add_argument("--device", default="auto", help="device of the report's evaluation")
+    c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
+
+    a = sub.add_parser("attention", help="draw a trained model's attention over a text")
+    a.add_argument("run_dir")
+    a.add_argument("--text", required=True, help="the text whose tokens label the axes")
+    a.add_argument("--layer", type=int, help="0-based (default: the last layer)")
+    a.add_argument("--head", type=int, help="0-based (default: a grid of every head)")
+    a.add_argument("--out", help="PNG file (default: RUN_DIR/attention.png)")
+    a.add_argument("--device", default="auto")
+
+    p = sub.add_parser(
+        "positions",
+        help="position diagnostics: the sinusoid table, or a run's mean score by query-key offset",
+    )
+    p.add_argument(
+        "run_dir", nargs="?", help="a trained run (default: draw the sinusoid table instead)"
+    )
+    p.add_argument("--d", type=_positive_int, help="sinusoid table width (default 4)")
+    p.add_argument("--length", type=_positive_int, help="sinusoid table positions (default 16)")
+    p.add_argument(
+        "--windows", type=_positive_int, default=16, help="validation windows to average over"
+    )
+    p.add_argument(
+        "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
+    )
+    p.add_argument("--device", default="auto")
     return parser
 
 
@@ -199,7 +275,59 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "sample": _cmd_sample, "eval": _cmd_eval}
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from lm.compare import compare
+    from lm.train import resolve_device
+
+    markdown = compare(
+        args.paths,
+        args.vary,
+        args.seeds,
+        args.overrides,
+        args.out,
+        quiet=args.quiet,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        eval_batches=args.eval_batches,
+        device=str(resolve_device(args.device)),
+    )
+    print(markdown)
+    return 0
+
+
+def _cmd_attention(args: argparse.Namespace) -> int:
+    from lm.inspect import draw_attention
+    from lm.train import resolve_device
+
+    device = str(resolve_device(args.device))
+    picture = draw_attention(args.run_dir, args.text, args.layer, args.head, args.out, device)
+    print(picture.path)
+    return 0
+
+
+def _cmd_positions(args: argparse.Namespace) -> int:
+    from lm.inspect import draw_sinusoids, score_by_offset
+    from lm.train import resolve_device
+
+    if args.run_dir is None:
+        path = draw_sinusoids(args.d or 4, args.length or 16, args.out or "sinusoids.png")
+    elif args.d is not None or args.length is not None:
+        raise LMError("--d and --length draw the sinusoid table: give them without RUN_DIR")
+    else:
+        device = str(resolve_device(args.device))
+        _, path = score_by_offset(args.run_dir, args.out, args.windows, device)
+    print(path)
+    return 0
+
+
+COMMANDS = {
+    "train": _cmd_train,
+    "sample": _cmd_sample,
+    "eval": _cmd_eval,
+    "compare": _cmd_compare,
+    "attention": _cmd_attention,
+    "positions": _cmd_positions,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
