@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from lm.batches import eval_batches
 from lm.config import DataConfig
-from lm.data import TokenizedSplit, eval_batches, prepare_data
+from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World, all_reduce_sum
 from lm.model import loss_sum
 from lm.runs import TOKENIZER, load_run

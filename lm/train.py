@@ -26,6 +26,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from lm.batches import TrainBatches
 from lm.checkpoint import (
     CHECKPOINTS,
     CheckpointError,
@@ -46,7 +47,7 @@ from lm.config import (
     load_config,
     save_config,
 )
-from lm.data import PreparedData, TrainBatches, prepare_data, print_to_stderr
+from lm.data import PreparedData, prepare_data, print_to_stderr
 from lm.distributed import World, all_reduce_sum, barrier, broadcast_flag, close_world, init_world
 from lm.evaluate import evaluate, model_inputs
 from lm.model import TransformerLM, loss_sum

@@ -25,8 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lm.batches import TrainBatches
 from lm.config import DataConfig, ModelConfig, TrainConfig
-from lm.data import TokenizedSplit, TrainBatches
+from lm.data import TokenizedSplit
 from lm.distributed import World
 from lm.model import TransformerLM
 from lm.optim import build_optimizer

@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from lm.batches import PaddedCollator, TrainBatches, eval_batches
 from lm.config import ConfigError, DataConfig, DataError, LMError
-from lm.data import (
-    PaddedCollator,
-    TokenizedSplit,
-    TrainBatches,
-    eval_batches,
-    prepare_data,
-)
+from lm.data import TokenizedSplit, prepare_data
 
 
 def quiet(message):

@@ -13,9 +13,9 @@ import torch
 from _support import losses, metrics, tiny_config, varied_corpus, write_config
 from safetensors.torch import load_file
 
+from lm.batches import PaddedCollator
 from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import LMError
-from lm.data import PaddedCollator
 from lm.model import TransformerLM, loss_sum
 from lm.optim import lr_at, orthogonalize
 from lm.train import INJECT_NONFINITE_ENV, train
