@@ -426,7 +426,8 @@ def _train(
             quiet,
             f"lm: {n_params / 1e6:.2f}M parameters, {config.model.position} positions, "
             f"{device.type} {str(dtype).replace('torch.', '')}, {world.size} process(es), "
-            f"{data.train.n_tokens:,} training tokens",
+            f"{data.train.n_tokens:,} training tokens"
+            + (f", {batches.padding_fraction:.1%} padding" if config.data.mode == "padded" else ""),
         )
 
     def save(step: int, val_loss: float | None) -> None:

@@ -6,8 +6,9 @@
 
 Same shape and math on both sides: 4 layers, 4 heads, width 128, context 64, batch 12, learned
 absolute positions, fp32, no dropout, no compile. The two programs alternate; each runs
-``--iters`` optimizer steps and reports per-step times (nanoGPT's own log lines; `lm`'s
-metrics.jsonl), of which the first ``--skip`` are dropped as warm-up. Prints medians in tokens/s
+``--iters`` optimizer steps and reports per-step times (nanoGPT's own log lines, one per step;
+`lm`'s metrics.jsonl, one per 10 steps: each program's usual logging), of which the first
+``--warmup`` steps are dropped. Prints medians in tokens/s
 and the ratio. nanoGPT runs from the user's own checkout; none of its code is in this project.
 """
 
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 TOKENS_PER_STEP = 12 * 64
+LM_LOG = 10  # lm's metrics.jsonl line every 10 steps, its usual logging
 NANOGPT = (
     "train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=1 "
     "--eval_interval=100000 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 "
@@ -32,7 +34,7 @@ NANOGPT = (
 LM_SET = [
     "model.n_layer=4", "model.n_head=4", "model.d_model=128", "model.context_length=64",
     "model.position=learned", "model.dropout=0.0", "train.batch_size=12", "train.dtype=fp32",
-    "train.compile=false", "train.eval_every=0", "train.eval_steps=1", "train.log_every=1",
+    "train.compile=false", "train.eval_every=0", "train.eval_steps=1", f"train.log_every={LM_LOG}",
     "train.checkpoint_every=0", "train.device=cpu", "data.tokenizer=char",
 ]  # fmt: skip
 ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
@@ -58,14 +60,14 @@ def main() -> int:
     parser.add_argument("--nanogpt-python", default=sys.executable)
     parser.add_argument("--data", required=True, help="Tiny Shakespeare input.txt")
     parser.add_argument("--iters", type=int, default=300)
-    parser.add_argument("--skip", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=30, help="steps dropped as warm-up")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     medians: dict[str, list[float]] = {"nanoGPT": [], "lm": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            a = nanogpt_steps(args.nanogpt, args.nanogpt_python, args.iters)[args.skip :]
-            b = lm_steps(args.data, args.iters, Path(tmp) / f"r{i}")[args.skip :]
+            a = nanogpt_steps(args.nanogpt, args.nanogpt_python, args.iters)[args.warmup :]
+            b = lm_steps(args.data, args.iters, Path(tmp) / f"r{i}")[args.warmup // LM_LOG :]
             medians["nanoGPT"].append(statistics.median(a))
             medians["lm"].append(statistics.median(b))
             print(
