@@ -110,6 +110,7 @@ class TransformerLM(nn.Module):
         if config.position == "sinusoidal":
             table = sinusoidal_table(config.context_length, d)
             self.register_buffer("sinusoids", table, persistent=False)
+            self.embed_scale = math.sqrt(d)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
@@ -191,6 +192,11 @@ class TransformerLM(nn.Module):
             positions = torch.arange(T, device=device)
 
         x = self.embed(input_ids)  # (B, T, d)
+        if self.config.position == "sinusoidal":
+            # The fixed sinusoids have entries of size ~1; scaling the embedding by sqrt(d) (as
+            # Vaswani et al. do) keeps a token's identity from drowning in its position. The
+            # notes' E is this scaled table: x_l = E[w_l] + p_l.
+            x = x * self.embed_scale
         if self.config.position in ("learned", "sinusoidal"):
             x = x + self._absolute_positions(positions, past + T)
         x = self.drop(x)

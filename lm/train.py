@@ -337,8 +337,8 @@ def _train(
         state = read_state(checkpoint)
         saved = load_config(run_dir / CONFIG)
         _check_resumable(saved, config)
-    elif world.is_main and overwrite:
-        _clear_run(run_dir)
+    elif world.is_main and (overwrite or resume):
+        _clear_run(run_dir)  # a fresh start: no lines of an earlier attempt stay in the log
 
     # Data: the main process tokenizes (or finds the cache) first, the others then read it.
     own_tokenizer = run_dir / TOKENIZER if checkpoint is not None else None

@@ -158,10 +158,18 @@ def test_refuses_to_overwrite_a_run_changing_nothing(tmp_path):
     assert [m["step"] for m in metrics(tmp_path / "run") if "val_loss" in m] == [10]
 
 
-def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys):
+def test_resume_without_checkpoint_starts_fresh(tmp_path, capsys, monkeypatch):
     result = train(tiny_config(train={"max_steps": 5}), tmp_path / "new", resume=True)
     assert result.status == "done"
     assert "starting fresh" in capsys.readouterr().err
+    # A run that crashed before its first checkpoint: resuming starts over with a clean log.
+    cfg = tiny_config(train={"max_steps": 8, "log_every": 1, "checkpoint_every": 100})
+    monkeypatch.setenv(INJECT_NONFINITE_ENV, "4")
+    assert train(cfg, tmp_path / "crashed", quiet=True).status == "nonfinite"
+    monkeypatch.delenv(INJECT_NONFINITE_ENV)
+    assert train(cfg, tmp_path / "crashed", resume=True, quiet=True).status == "done"
+    steps = [m["step"] for m in metrics(tmp_path / "crashed") if "train_loss" in m]
+    assert steps == list(range(1, 9))
 
 
 def test_schedule_warms_up_then_decays_to_min_lr():

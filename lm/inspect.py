@@ -1,0 +1,164 @@
+"""Look inside a trained model: its attention maps over a text, and its attention score as a
+function of query-key offset; plus the sinusoid table on its own.
+
+The notes' claim for RoPE ("RoPE compares positions through angle differences") is that a
+rotated query-key score depends on the offset ``s - l`` rather than on the positions
+themselves. :func:`score_by_offset` measures what a trained model made of that: the pre-softmax
+score ``S = q·k / sqrt(d_k)`` (ALiBi's distance bias included, as the softmax sees it), averaged
+over every query-key pair at each offset, per layer and head.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lm import plots
+from lm.config import LMError
+from lm.data import prepare_data
+from lm.model import TransformerLM
+from lm.position import alibi_bias, apply_rope, sinusoidal_table
+from lm.runs import TOKENIZER, load_run
+
+
+@dataclass
+class AttentionPicture:
+    weights: np.ndarray
+    """The drawn attention matrices ``[heads, T, T]``: rows are queries, columns keys."""
+    tokens: list[str]
+    layer: int
+    heads: list[int]
+    path: Path
+
+
+def _name(run_dir: str | Path) -> str:
+    """A run's name for a title: its folder and the one above (``position=rope/seed1``)."""
+    return "/".join(Path(run_dir).resolve().parts[-2:])
+
+
+def _index(name: str, value: int | None, count: int, default: int) -> int:
+    if value is None:
+        return default
+    if not 0 <= value < count:
+        raise LMError(f"--{name} {value}: the model has {count} {name}s (0 to {count - 1})")
+    return value
+
+
+def draw_attention(
+    run_dir: str | Path,
+    text: str,
+    layer: int | None = None,
+    head: int | None = None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+) -> AttentionPicture:
+    """Draw layer ``layer``'s attention over the tokens of ``text``: one head, or all of them.
+
+    The default layer is the last one. The picture goes to ``out`` (default
+    ``RUN_DIR/attention.png``).
+    """
+    run = load_run(run_dir, device=device)
+    cfg = run.config.model
+    layer = _index("layer", layer, cfg.n_layer, cfg.n_layer - 1)
+    heads = list(range(cfg.n_head)) if head is None else [_index("head", head, cfg.n_head, 0)]
+    ids = run.tokenizer.encode(text)
+    if not ids:
+        raise LMError("--text: empty; give the text whose attention to draw")
+    unknown = run.tokenizer.count_unknown(text)
+    if unknown:
+        print(f"lm: {unknown} character(s) of the text became <unk>", file=sys.stderr)
+    with torch.no_grad():
+        maps = run.model.attention_maps(torch.tensor([ids], device=device))
+    weights = maps[layer][0, heads].float().cpu().numpy()  # (heads, T, T)
+    tokens = [run.tokenizer.decode([i]) for i in ids]
+    path = Path(out) if out is not None else Path(run_dir) / "attention.png"
+    plots.attention_maps(
+        weights,
+        tokens,
+        [f"head {h}" for h in heads],
+        path,
+        suptitle=f"{_name(run_dir)}: {cfg.position} positions, layer {layer}",
+    )
+    return AttentionPicture(weights, tokens, layer, heads, path)
+
+
+@torch.no_grad()
+def attention_scores(model: TransformerLM, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every layer's pre-softmax scores ``[B, H, T, T]`` (before the causal mask) for a batch.
+
+    Each layer's attention input and positions are caught on their way in, and its query and key
+    projections, position scheme and scaling are applied again to them, as the layer itself does.
+    """
+    inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def catch(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        inputs.append((args[0], kwargs["positions"]))
+
+    hooks = [
+        block.attn.register_forward_pre_hook(catch, with_kwargs=True) for block in model.blocks
+    ]
+    try:
+        model(input_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    scores = []
+    for block, (x, positions) in zip(model.blocks, inputs, strict=True):
+        attn = block.attn
+        q, k, _ = attn.qkv(x).split(attn.d_model, dim=-1)
+        q, k = (t.unflatten(-1, (attn.n_head, attn.head_dim)).transpose(1, 2) for t in (q, k))
+        if attn.position == "rope":
+            q = apply_rope(q, positions, attn.rope_base)
+            k = apply_rope(k, positions, attn.rope_base)
+        s = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, H, T, T)
+        if attn.position == "alibi":
+            s = s + alibi_bias(attn.slopes, positions, positions)
+        scores.append(s.float())
+    return scores
+
+
+def score_by_offset(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    windows: int = 16,
+    device: str = "cpu",
+) -> tuple[np.ndarray, Path]:
+    """Mean score at each offset ``0 .. C-1`` per layer and head, ``[layers, heads, C]``, over
+    ``windows`` consecutive windows of the run's validation tokens; drawn to ``out`` (default
+    ``RUN_DIR/score_by_offset.png``)."""
+    run = load_run(run_dir, device=device)
+    cfg = run.config
+    C = cfg.model.context_length
+    val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=lambda _: None).val
+    n = min(windows, val.n_tokens // C)
+    if n == 0:
+        raise LMError(f"{run_dir}: the validation split holds fewer than {C} tokens")
+    ids = torch.from_numpy(val.tokens[: n * C].astype(np.int64)).view(n, C).to(device)
+    profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, C))
+    for i, s in enumerate(attention_scores(run.model, ids)):
+        for offset in range(C):
+            # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
+            diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
+            profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
+    path = Path(out) if out is not None else Path(run_dir) / "score_by_offset.png"
+    plots.score_by_offset(
+        profile,
+        path,
+        title=f"{_name(run_dir)}: {cfg.model.position} positions, mean score by offset "
+        f"({n} validation windows of {C} tokens)",
+    )
+    return profile, path
+
+
+def draw_sinusoids(d: int, length: int, out: str | Path) -> Path:
+    """The notes' sinusoid table for width ``d`` and ``length`` positions, drawn to ``out``."""
+    if d < 2 or d % 2:
+        raise LMError(f"--d {d}: sinusoids come in sin/cos pairs; give an even width >= 2")
+    if length < 1:
+        raise LMError(f"--length {length}: must be at least 1")
+    return plots.sinusoids(sinusoidal_table(length, d).numpy(), out)

@@ -1,0 +1,221 @@
+"""Pictures for comparing position schemes: loss curves, loss against context length, attention
+maps, the sinusoid table and the attention score by query-key offset.
+
+A leaf: every function draws plain numbers it is handed (numpy arrays, lists) into a PNG and
+knows nothing of runs or models. Figures are built as ``matplotlib.figure.Figure`` objects, never
+through ``pyplot``: no GUI backend and no global state, so drawing works headless (PNGs are
+rendered by Agg) and never disturbs a notebook's own figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+Run = tuple[Sequence[float], Sequence[float]]
+"""One run's curve: x values and y values of the same length."""
+Curves = dict[str, list[Run]]
+"""Runs grouped by what they compare (for example the position scheme): one group, one colour,
+its seeds drawn as a mean line with the min-max range shaded."""
+
+DPI = 100
+# Whitespace tokens made visible on an axis.
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+# Above this many tokens an attention map labels every k-th one, so the labels stay legible.
+MAX_TICK_LABELS = 48
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    return path
+
+
+def _colours(n: int) -> list:
+    cmap = matplotlib.colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def _draw_group(ax: Axes, runs: list[Run], colour, label: str) -> None:
+    """Mean over seeds, the min-max range shaded. Seeds log at the same steps, so their points
+    line up by index (a run cut short contributes its first points only)."""
+    n = min(len(y) for _, y in runs)
+    if n == 0:
+        return
+    xs = np.array([np.asarray(x[:n], dtype=float) for x, _ in runs])  # (seeds, n)
+    ys = np.array([np.asarray(y[:n], dtype=float) for _, y in runs])
+    x = xs.mean(axis=0)
+    seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
+    ax.plot(x, ys.mean(axis=0), color=colour, label=label + seeds, linewidth=1.5)
+    if len(runs) > 1:
+        ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colour, alpha=0.2, linewidth=0)
+
+
+def loss_curves(panels: dict[str, Curves], xlabel: str, path: str | Path) -> Path:
+    """Side-by-side panels (e.g. training and validation loss) against a shared x quantity."""
+    fig = Figure(figsize=(6 * len(panels), 4.5), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
+    colours = dict(zip(labels, _colours(len(labels)), strict=True))
+    for ax, (name, curves) in zip(axes, panels.items(), strict=True):
+        for label, runs in curves.items():
+            _draw_group(ax, runs, colours[label], label)
+        ax.set(xlabel=xlabel, ylabel="loss (nats/token)", title=name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -> Path:
+    """Validation loss against evaluation context length, one line per group.
+
+    A NaN loss (no answer at that length) breaks the line and is named in the legend. A dotted
+    vertical line marks the trained context: grey when every group shares it, else one per group
+    in its colour.
+    """
+    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    ax = fig.subplots()
+    lengths: set[float] = set()
+    shared = len(set(trained.values())) == 1
+    for (group, runs), colour in zip(curves.items(), _colours(len(curves)), strict=True):
+        ys = np.array([np.asarray(y, dtype=float) for _, y in runs])  # (seeds, lengths)
+        x, mean = np.asarray(runs[0][0], dtype=float), ys.mean(axis=0)
+        lengths.update(x.tolist())
+        spread = [mean - ys.min(axis=0), ys.max(axis=0) - mean] if len(runs) > 1 else None
+        missing = ", ".join(str(int(v)) for v in x[np.isnan(mean)])
+        label = f"{group} (n/a at {missing})" if missing else group
+        ax.errorbar(x, mean, yerr=spread, color=colour, marker="o", label=label)
+        if not shared:
+            ax.axvline(trained[group], color=colour, linestyle=":", linewidth=1)
+    if shared:
+        ax.axvline(next(iter(trained.values())), color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(lengths), [str(int(v)) for v in sorted(lengths)])
+    ax.set(
+        xlabel="evaluation context length (tokens); dotted: trained length",
+        ylabel="validation loss (nats/token)",
+        title="Length extrapolation",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def token_label(token: str) -> str:
+    """A token as an axis label: whitespace made visible, so a space is not a blank tick."""
+    return "".join(VISIBLE.get(c, c) for c in token) or "∅"
+
+
+def attention_maps(
+    weights: np.ndarray,
+    tokens: Sequence[str],
+    titles: Sequence[str],
+    path: str | Path,
+    suptitle: str = "",
+) -> Path:
+    """Attention matrices ``A`` ``[n, T, T]`` (rows: queries, columns: keys) as a grid of heat maps.
+
+    Entries above the diagonal (keys a causal query may not see) are masked and drawn grey, so the
+    causal triangle shows as its own shape rather than as weights that happen to be zero. All
+    panels share one colour scale, so heads can be compared.
+    """
+    n, T = weights.shape[0], weights.shape[-1]
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    side = min(10.0, max(3.5, 0.16 * T))  # inches per panel: room for one label per token
+    fig = Figure(figsize=(side * cols + 1, side * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#d9d9d9")
+    future = np.triu(np.ones((T, T), dtype=bool), k=1)
+    labels = [token_label(t) for t in tokens]
+    every = math.ceil(T / MAX_TICK_LABELS)
+    ticks = np.arange(0, T, every)
+    image = None
+    for i, ax in enumerate(axes.flat):
+        if i >= n:
+            ax.set_axis_off()
+            continue
+        shown = np.ma.masked_where(future, weights[i])
+        image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=float(weights.max()))
+        ax.set_xticks(ticks, [labels[t] for t in ticks], rotation=90, fontsize=8)
+        ax.set_yticks(ticks, [labels[t] for t in ticks], fontsize=8)
+        ax.set(xlabel="key", ylabel="query", title=titles[i])
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    if suptitle:
+        fig.suptitle(suptitle)
+    return _save(fig, path)
+
+
+def sinusoids(table: np.ndarray, path: str | Path, slices: Sequence[int] = (0, 2, 5)) -> Path:
+    """The sinusoid table ``p [L, d]``, as in the notes' "four sinusoidal features for d=4".
+
+    Small ``d`` (up to 8): each feature against position, points at integer positions (the only
+    ones a model sees), and the whole vector ``p_l`` printed at the ``slices`` positions. Wider
+    tables are one heat map, position against feature.
+    """
+    L, d = table.shape
+    if d > 8:
+        fig = Figure(figsize=(8, 4.5), layout="constrained")
+        ax = fig.subplots()
+        image = ax.imshow(table.T, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, origin="lower")
+        fig.colorbar(image, ax=ax, label="p[l, j]")
+        ax.set(xlabel="position l", ylabel="feature j", title=f"Sinusoid table, d={d}")
+        return _save(fig, path)
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    ax = fig.subplots()
+    positions = np.arange(L)
+    for j in range(d):
+        i, fn = j // 2, ("sin" if j % 2 == 0 else "cos")
+        ax.plot(positions, table[:, j], marker="o", markersize=3, label=f"p[l,{j}] = {fn}(l·ω{i})")
+    for l in (s for s in slices if s < L):
+        ax.axvline(l, color="grey", linestyle="--", linewidth=0.8)
+        vector = ", ".join(f"{v:.2f}" for v in table[l])
+        ax.annotate(
+            f"p{l} = [{vector}]",
+            (l, -1.15),
+            rotation=90,
+            fontsize=8,
+            va="bottom",
+            ha="right",
+        )
+    ax.set(
+        xlabel="position l",
+        ylabel="value",
+        ylim=(-1.2, 1.2),
+        title=f"Sinusoidal positions, d={d}: ωi = 10000^(-2i/d)",
+    )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def score_by_offset(profile: np.ndarray, path: str | Path, title: str = "") -> Path:
+    """Mean attention score against query-key offset ``[layers, heads, offsets]``, one panel per
+    layer and one line per head."""
+    n_layer, n_head, n_offset = profile.shape
+    cols = min(n_layer, 4)
+    rows = math.ceil(n_layer / cols)
+    fig = Figure(figsize=(4.5 * cols, 3.5 * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    offsets = np.arange(n_offset)
+    for i, ax in enumerate(axes.flat):
+        if i >= n_layer:
+            ax.set_axis_off()
+            continue
+        for h in range(n_head):
+            ax.plot(offsets, profile[i, h], label=f"head {h}", linewidth=1.2)
+        ax.set(xlabel="offset: query position - key position", title=f"layer {i}")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean score q·k/√d_k")
+    axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

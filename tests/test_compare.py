@@ -1,0 +1,226 @@
+"""lm compare, lm attention, lm positions: a tiny two-scheme sweep end to end on CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from _support import metrics, write_config
+from PIL import Image
+
+from lm.checkpoint import latest_checkpoint
+from lm.cli import main
+from lm.config import POSITIONS, ModelConfig
+from lm.inspect import attention_scores, draw_attention, score_by_offset
+from lm.model import TransformerLM
+
+SCHEMES = ("rope", "learned")  # learned has no vector past its trained length: the hard case
+PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    cfg = write_config(
+        root / "tiny.yaml",
+        train={"max_steps": 16, "eval_every": 8, "eval_steps": 2, "checkpoint_every": 8},
+    )
+    out = root / "sweep"
+    argv = [
+        "compare",
+        str(cfg),
+        "--vary",
+        f"model.position={','.join(SCHEMES)}",
+        "--seeds",
+        "1",
+        "--set",
+        f"data.cache_dir={root / 'cache'}",
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "12",
+        "--quiet",
+    ]
+    assert main(argv) == 0
+    runs = {s: out / f"position={s}" / "seed1" for s in SCHEMES}
+    return SimpleNamespace(root=root, argv=argv, out=out, runs=runs)
+
+
+def report_json(sweep) -> dict[str, dict]:
+    data = json.loads((sweep.out / "report.json").read_text())
+    return {r["label"]: r for r in data["runs"]}
+
+
+def table_row(sweep, scheme: str) -> list[str]:
+    """The cells of ``scheme``'s row in report.md's table (not in the continuations' table)."""
+    rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in (sweep.out / "report.md").read_text().splitlines()
+        if line.startswith(f"| {scheme} |")
+    ]
+    rows = [cells for cells in rows if len(cells) == 12]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_every_run_is_trained_and_the_table_has_one_row_of_finite_numbers_per_scheme(sweep):
+    for run in sweep.runs.values():
+        assert latest_checkpoint(run).name == "step_00000016"
+    numbers = report_json(sweep)
+    assert sorted(numbers) == sorted(SCHEMES)
+    for scheme, r in numbers.items():
+        assert r["step"] == 16 and r["parameters"] > 0
+        assert r["tokens_seen"] == 16 * 8 * 32 and r["tokens_exact"]
+        for key in ("final_val_loss", "best_val_loss", "tokens_per_s", "wall_s"):
+            assert math.isfinite(r[key]) and r[key] > 0, (scheme, key)
+        cells = table_row(sweep, scheme)
+        # final val, best val, 1x context: plain finite numbers with one seed
+        for cell in (cells[5], cells[6], cells[9]):
+            assert math.isfinite(float(cell))
+        assert float(cells[5]) == pytest.approx(r["final_val_loss"], abs=1e-4)
+        assert r["continuation"], "the greedy continuation is empty"
+
+
+def test_pictures_exist_and_decode_as_real_images(sweep):
+    markdown = (sweep.out / "report.md").read_text()
+    for name in PICTURES:
+        with Image.open(sweep.out / name) as image:
+            image.verify()
+        with Image.open(sweep.out / name) as image:
+            width, height = image.size
+        assert width > 100 and height > 100, name
+        assert f"({name})" in markdown
+
+
+def test_runs_share_one_tokenizer_and_one_token_id_cache(sweep):
+    digests = {
+        hashlib.sha256((run / "tokenizer.json").read_bytes()).hexdigest()
+        for run in sweep.runs.values()
+    }
+    assert len(digests) == 1
+    cache = sweep.root / "cache"
+    assert len(list((cache / "tokenizers").glob("*.json"))) == 1  # trained once
+    assert len([p for p in (cache / "data").iterdir() if not p.name.startswith(".")]) == 1
+    assert "share one tokenizer" in (sweep.out / "report.md").read_text()
+
+
+def test_extrapolation_at_2x_runs_for_every_scheme_and_learned_says_why_not(sweep):
+    numbers = report_json(sweep)
+    for r in numbers.values():
+        assert [row["context_length"] for row in r["extrapolation"]] == [32, 64, 128]
+    rope_2x = numbers["rope"]["extrapolation"][1]
+    assert math.isfinite(rope_2x["loss"])
+    learned_2x = numbers["learned"]["extrapolation"][1]
+    assert learned_2x["loss"] is None and "learned positions stop at 32" in learned_2x["note"]
+    cells = table_row(sweep, "learned")
+    assert cells[10] == "n/a [1]" and cells[11] == "n/a [1]"
+    assert "[1] learned positions stop at 32" in (sweep.out / "report.md").read_text()
+    assert math.isfinite(float(table_row(sweep, "rope")[10]))
+
+
+def test_rerun_reuses_finished_runs_and_resumes_an_interrupted_one(sweep):
+    rope, learned = sweep.runs["rope"], sweep.runs["learned"]
+    rope_weights = latest_checkpoint(rope) / "model.safetensors"
+    rope_before = (rope_weights.stat().st_ino, (rope / "metrics.jsonl").read_bytes())
+    # An interruption after step 8: the step-16 checkpoint never got written.
+    step8, step16 = sorted((learned / "checkpoints").iterdir())
+    for f in step16.iterdir():
+        f.unlink()
+    step16.rmdir()
+    step8_inode = (step8 / "model.safetensors").stat().st_ino
+
+    assert main(sweep.argv) == 0
+    assert (rope_weights.stat().st_ino, (rope / "metrics.jsonl").read_bytes()) == rope_before
+    assert latest_checkpoint(learned).name == "step_00000016"
+    assert (step8 / "model.safetensors").stat().st_ino == step8_inode  # resumed, not restarted
+    steps = [m["step"] for m in metrics(learned) if "train_loss" in m]
+    assert steps == sorted(set(steps)) and steps[-1] == 16
+
+
+def test_attention_rows_sum_to_one_with_zeros_above_the_diagonal(sweep, tmp_path):
+    picture = draw_attention(sweep.runs["rope"], "for x in y:", out=tmp_path / "all.png")
+    w = picture.weights
+    assert w.shape == (2, 11, 11) and picture.layer == 1
+    np.testing.assert_allclose(w.sum(axis=-1), 1.0, atol=1e-5)
+    future = np.triu(np.ones((11, 11), dtype=bool), k=1)
+    assert np.all(w[:, future] == 0.0) and np.all(w[:, ~future] > 0.0)
+
+    out = tmp_path / "one.png"
+    args = ["--layer", "0", "--head", "1", "--out", str(out)]
+    assert main(["attention", str(sweep.runs["learned"]), "--text", "def f(x):", *args]) == 0
+    with Image.open(out) as image:
+        assert min(image.size) > 100
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_the_scores_averaged_by_offset_are_what_the_softmax_sees(position):
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        vocab_size=40, context_length=16, n_layer=2, n_head=2, d_model=16, position=position
+    )
+    model = TransformerLM(cfg).eval()
+    ids = torch.randint(0, 40, (3, 16))
+    future = torch.ones(16, 16, dtype=torch.bool).triu(1)
+    for scores, weights in zip(
+        attention_scores(model, ids), model.attention_maps(ids), strict=True
+    ):
+        expected = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        torch.testing.assert_close(expected, weights, rtol=1e-5, atol=1e-6)
+
+
+def test_position_pictures(sweep, tmp_path):
+    table = tmp_path / "sinusoids.png"
+    assert main(["positions", "--d", "4", "--length", "16", "--out", str(table)]) == 0
+    profile, path = score_by_offset(sweep.runs["rope"], tmp_path / "offsets.png", windows=4)
+    assert profile.shape == (2, 2, 32) and np.isfinite(profile).all()
+    for picture in (table, path):
+        with Image.open(picture) as image:
+            assert min(image.size) > 100
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--vary", "model.position"], "expected KEY=VALUE,VALUE,..."),
+        (["--vary", "model.heads=1,2"], "model.heads: unknown key"),
+        (["--vary", "model.position=rope,spiral"], "model.position: 'spiral' is not one of"),
+        (["--vary", "train.seed=1,2"], "use --seeds"),
+        ([], "a sweep needs --vary"),
+    ],
+)
+def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml")
+    code = main(["compare", str(cfg), "--out", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compare", "{tmp}"], "not a run directory and holds none"),
+        (["compare", "{tmp}/nowhere"], "no such run directory"),
+        (["attention", "{tmp}", "--text", "x"], "not a run directory"),
+        (["positions", "{tmp}"], "not a run directory"),
+    ],
+)
+def test_a_folder_that_is_not_a_run_is_one_line_exit_2(argv, message, tmp_path, capsys):
+    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_report_only_from_run_folders(sweep, tmp_path, capsys):
+    runs = [str(sweep.runs[s]) for s in SCHEMES]
+    assert main(["compare", *runs, "--out", str(tmp_path), "--quiet", "--eval-batches", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.strip() == (tmp_path / "report.md").read_text().strip()
+    assert "first 1 batches" in printed
+    assert all(Path(tmp_path / name).is_file() for name in PICTURES)
