@@ -85,13 +85,22 @@ class PreparedData:
 def prepare_data(
     cfg: DataConfig,
     tokenizer_path: str | Path | None = None,
-    log: Callable[[str], None] = print_to_stderr,
+    log: Callable[[str], None] | None = print_to_stderr,
 ) -> PreparedData:
     """Token ids of the training and validation splits, from the cache when it has them.
 
     ``tokenizer_path`` (for example a run's own tokenizer.json on resume) replaces
-    ``cfg.tokenizer``. The source is read only when the cache misses.
+    ``cfg.tokenizer``. The source is read only when the cache misses. ``log=None`` is silent:
+    no notes and no progress bars.
     """
+    if log is None:
+        was_enabled = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
+        try:
+            return prepare_data(cfg, tokenizer_path, log=_silent)
+        finally:
+            if was_enabled:
+                datasets.enable_progress_bars()
     root = cache_root(cfg)
     source = _resolve_source(cfg)
     corpus_key = {
@@ -131,6 +140,10 @@ def prepare_data(
         if unknown:
             log(f"data: {unknown:,} validation characters are not in the vocabulary (now <unk>)")
     return data
+
+
+def _silent(message: str) -> None:
+    pass
 
 
 def cache_root(cfg: DataConfig) -> Path:

@@ -90,7 +90,8 @@ def evaluate_run(
     cfg = run.config
     trained = cfg.model.context_length
     lengths = context_lengths or [trained]
-    prepared = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER)
+    # The run's own data, from the cache its training made (silently: only the table matters).
+    prepared = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
     data_split = prepared.val if split == "val" else prepared.train
     base_batch = batch_size or cfg.train.eval_batch_size or cfg.train.batch_size
     rows = []

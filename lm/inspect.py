@@ -134,7 +134,7 @@ def score_by_offset(
     run = load_run(run_dir, device=device)
     cfg = run.config
     C = cfg.model.context_length
-    val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=lambda _: None).val
+    val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None).val
     n = min(windows, val.n_tokens // C)
     if n == 0:
         raise LMError(f"{run_dir}: the validation split holds fewer than {C} tokens")

@@ -275,10 +275,6 @@ def _with_vocab(config: Config, data: PreparedData) -> Config:
     return config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
 
 
-def _silent(message: str) -> None:
-    pass
-
-
 def _log(world: World, quiet: bool, message: str) -> None:
     if world.is_main and not quiet:
         print(message, file=sys.stderr, flush=True)
@@ -343,11 +339,11 @@ def _train(
     # Data: the main process tokenizes (or finds the cache) first, the others then read it.
     own_tokenizer = run_dir / TOKENIZER if checkpoint is not None else None
     if world.is_main:
-        log = _silent if quiet else print_to_stderr
+        log = None if quiet else print_to_stderr
         data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=log)
     barrier(world)
     if not world.is_main:
-        data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=_silent)
+        data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=None)
     config = _with_vocab(config, data)
     if world.is_main:
         save_config(config, run_dir / CONFIG)
