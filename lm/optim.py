@@ -70,19 +70,26 @@ def _muon(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     return Muon(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """Approximately ``U V^T`` of ``g = U S V^T``: a quintic Newton-Schulz iteration whose
-    coefficients push every singular value towards 1 in a few steps (Jordan et al.)."""
+def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float32):
+    """Approximately ``U V^T`` of each ``g = U S V^T`` (``[..., m, n]``): a quintic Newton-Schulz
+    iteration whose coefficients push every singular value towards 1 in a few steps (Jordan et
+    al.); the iteration tolerates bf16, which is faster where the hardware has it."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.float()
-    wide = x.shape[0] <= x.shape[1]
+    x = g.to(dtype)
+    wide = x.shape[-2] <= x.shape[-1]
     if not wide:
-        x = x.T  # iterate on the smaller Gram matrix
-    x = x / (x.norm() + 1e-7)  # singular values <= 1, inside the iteration's basin
+        x = x.mT  # iterate on the smaller Gram matrix
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x if wide else x.T).to(g.dtype)
+    return (x if wide else x.mT).to(g.dtype)
+
+
+def _fast_bf16(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and getattr(torch.cpu, "_is_avx512_bf16_supported", bool)()
 
 
 class Muon(torch.optim.Optimizer):
@@ -95,25 +102,30 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if group["kind"] == "muon":
-                    self._muon_update(p, state, group)
-                else:
-                    self._adamw_update(p, state, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["kind"] == "muon":
+                self._muon_updates(params, group)
+            else:
+                for p in params:
+                    self._adamw_update(p, self.state[p], group)
 
-    @staticmethod
-    def _muon_update(p: torch.Tensor, state: dict, group: dict) -> None:
-        buf = state.setdefault("momentum_buffer", torch.zeros_like(p))
-        buf.mul_(group["momentum"]).add_(p.grad)
-        update = p.grad.add(buf, alpha=group["momentum"])  # Nesterov
-        update = orthogonalize(update)
-        scale = max(1.0, p.shape[0] / p.shape[1]) ** 0.5  # same RMS whatever the aspect ratio
-        if group["weight_decay"]:
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(update, alpha=-group["lr"] * scale)
+    def _muon_updates(self, params: list[torch.Tensor], group: dict) -> None:
+        momentum = group["momentum"]
+        by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p in params:
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            buf.mul_(momentum).add_(p.grad)
+            nesterov = p.grad.add(buf, alpha=momentum)
+            by_shape.setdefault(p.shape, []).append((p, nesterov))
+        for shape, items in by_shape.items():
+            # One batched iteration per shape: every layer's matrices of that shape at once.
+            dtype = torch.bfloat16 if _fast_bf16(items[0][0].device) else torch.float32
+            updates = orthogonalize(torch.stack([u for _, u in items]), dtype=dtype)
+            scale = max(1.0, shape[0] / shape[1]) ** 0.5  # same RMS whatever the aspect ratio
+            for (p, _), update in zip(items, updates, strict=True):
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * scale)
 
     @staticmethod
     def _adamw_update(p: torch.Tensor, state: dict, group: dict) -> None:

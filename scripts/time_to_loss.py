@@ -126,9 +126,10 @@ def main() -> int:
             a["wall_s"] / b["wall_s"]
             for a, b in zip(runs[0::2], runs[1::2], strict=True)  # (nanoGPT, lm) pairs in turn
         ]
+        ratio = statistics.median(pairs)
         print(
-            f"\nlm takes {1 / statistics.median(pairs):.2f}x less wall time than nanoGPT "
-            f"(median of {len(pairs)} side-by-side pairs; target {args.target})"
+            f"\nlm needs {1 / ratio:.2f}x nanoGPT's wall time ({ratio:.2f}x faster; median of "
+            f"{len(pairs)} side-by-side pairs; target {args.target})"
         )
     Path(args.json).write_text(json.dumps(runs, indent=2) + "\n")
     return 0
