@@ -180,15 +180,17 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.append(k, v)
         Lk = k.shape[2]
 
+        # The common training case needs no mask tensor at all: the kernel's own causal path.
+        fast_causal = causal and Lq == Lk and mask is None and key_mask is None
+        fast_causal = fast_causal and self.position != "alibi" and self.kernel == "sdpa"
+        fast_causal = fast_causal and not need_weights
         allowed = mask
         if key_mask is not None:
             allowed = _and(allowed, _key_mask_4d(key_mask))
-        if causal and not (Lq == 1 and allowed is None):
+        if causal and not fast_causal and not (Lq == 1 and allowed is None):
             offset = Lk - Lq  # the queries occupy the last Lq slots
             causal_allowed = torch.ones(Lq, Lk, dtype=torch.bool, device=x.device).tril(offset)
             allowed = _and(allowed, causal_allowed)
-        fast_causal = causal and Lq == Lk and mask is None and key_mask is None
-        fast_causal = fast_causal and self.position != "alibi" and not need_weights
 
         empty = None
         if allowed is not None and (key_mask is not None or mask is not None):
