@@ -196,6 +196,12 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     g = torch.randn(96, 32)
     singular = torch.linalg.svdvals(orthogonalize(g))
     assert singular.min() > 0.5 and singular.max() < 1.3  # pushed towards 1 from any spread
+    stack = torch.randn(3, 32, 96)  # the batched form Muon uses: one iteration per shape
+    batched = orthogonalize(stack)
+    for i in range(3):
+        torch.testing.assert_close(batched[i], orthogonalize(stack[i]), rtol=1e-4, atol=1e-5)
+    bf16 = orthogonalize(stack, dtype=torch.bfloat16)
+    torch.testing.assert_close(bf16, batched, rtol=0.1, atol=0.05)
     result = train(
         tiny_config(train={"optimizer": "muon", "max_steps": 30}), tmp_path / "r", quiet=True
     )
