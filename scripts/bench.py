@@ -3,6 +3,7 @@
     python scripts/bench.py                       # every shape, fp32 and bf16
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --steps 30
     python scripts/bench.py --decode              # KV cache against recomputing, 512 tokens
+    python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
@@ -19,6 +20,7 @@ import json
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +29,7 @@ import torch
 
 from lm.batches import TrainBatches
 from lm.config import DataConfig, ModelConfig, TrainConfig
-from lm.data import TokenizedSplit
+from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World
 from lm.model import TransformerLM
 from lm.optim import build_optimizer
@@ -144,6 +146,26 @@ def bench_decode(device: torch.device, new_tokens: int = 512, reps: int = 3) -> 
     return result
 
 
+def bench_tokenize(reps: int = 3) -> dict:
+    """BPE (vocab 1024) on the embedded corpus from an empty cache: training the tokenizer and
+    tokenizing both splits with ``Dataset.map(batched=True)``, in one process (the tokenizers
+    library's own threads) and with two worker processes."""
+    result = {}
+    for name, num_proc in (("one_process_s", None), ("two_processes_s", 2)):
+        times = []
+        for _ in range(reps):
+            with tempfile.TemporaryDirectory() as cache:
+                cfg = DataConfig(
+                    tokenizer="bpe", vocab_size=1024, cache_dir=cache, num_proc=num_proc
+                )
+                t = time.perf_counter()
+                prepared = prepare_data(cfg, log=None)
+                times.append(time.perf_counter() - t)
+        result[name] = round(statistics.median(times), 3)
+    result["train_tokens"] = prepared.train.n_tokens
+    return result
+
+
 def table(rows: list[dict]) -> str:
     head = (
         "| shape | L/H/d/ctx | params | batch | dtype | compile | ms/step | tokens/s | MFU | data |"
@@ -166,6 +188,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also torch.compile each shape")
     parser.add_argument("--decode", action="store_true", help="also time decoding")
+    parser.add_argument("--tokenize", action="store_true", help="also time BPE tokenizing")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
@@ -187,6 +210,12 @@ def main() -> int:
         print(
             f"\ndecoding 512 tokens (6/6/384, ctx 1024): KV cache {d['kv_cache_tokens_per_s']} "
             f"tokens/s, recompute {d['recompute_tokens_per_s']} tokens/s, {d['speedup']:.1f}x"
+        )
+    if args.tokenize:
+        report["tokenize"] = t = bench_tokenize()
+        print(
+            f"\nBPE on the embedded corpus ({t['train_tokens']:,} training tokens), from an empty "
+            f"cache: {t['one_process_s']} s in one process, {t['two_processes_s']} s with two"
         )
     with contextlib.suppress(OSError):
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
