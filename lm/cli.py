@@ -29,14 +29,21 @@ def one_line(text: str) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def _context_lengths(text: str) -> list[int]:
+def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of integers"
         ) from None
-    if not values or any(v < 2 for v in values):
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: no values")
+    return values
+
+
+def _context_lengths(text: str) -> list[int]:
+    values = _int_list(text)
+    if any(v < 2 for v in values):
         raise argparse.ArgumentTypeError(f"{text!r}: context lengths must be integers >= 2")
     return values
 
@@ -62,13 +69,8 @@ def _non_negative_float(text: str) -> float:
 
 
 def _seeds(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of integers"
-        ) from None
-    if not values or len(set(values)) != len(values):
+    values = _int_list(text)
+    if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"{text!r}: give distinct seeds, e.g. 1,2,3")
     return values
 
