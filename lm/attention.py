@@ -171,7 +171,7 @@ class MultiHeadAttention(nn.Module):
         if self.position == "rope":
             if rope is not None and context is None:
                 cos, sin = rope
-                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+                q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
             else:
                 q = apply_rope(q, positions, self.rope_base)
                 k = apply_rope(k, new_key_positions, self.rope_base)
@@ -220,12 +220,6 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.masked_fill(empty, 0.0)
         y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
         return self.out(y), weights
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    if cos.dim() == 3:  # per-sequence angles [B, L, d/2] meet [B, H, L, d]
-        cos, sin = cos[:, None], sin[:, None]
-    return rotate_pairs(x, cos, sin)
 
 
 def _and(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

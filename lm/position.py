@@ -60,7 +60,10 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate each pair ``(x[..., 2i], x[..., 2i+1])`` by ``R(alpha_i)``; cos/sin ``[..., L, d/2]``.
 
     ``R(a) = [[cos a, -sin a], [sin a, cos a]]`` acting on the column ``(x_2i, x_2i+1)``.
+    Per-sequence angles ``[B, L, d/2]`` meet per-head ``x [B, H, L, d]`` across the head axis.
     """
+    if cos.dim() == 3 and x.dim() == 4:
+        cos, sin = cos[:, None], sin[:, None]
     # Half precision inputs rotate in float32, as the angles' digits matter more than speed here.
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
     pairs = work.unflatten(-1, (-1, 2))  # (..., L, d/2, 2)
@@ -70,20 +73,13 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotated.flatten(-2).to(x.dtype)
 
 
-def _heads_aligned(cos: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # Per-sequence positions [B, L] meet per-head tensors [B, H, L, d]: add the head axis.
-    if cos.dim() == 3 and x.dim() == 4:
-        return cos[:, None]
-    return cos
-
-
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """RoPE on queries or keys ``x [..., L, d_k]`` at integer positions ``[L]`` or ``[B, L]``."""
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE rotates pairs of features; got an odd width {x.shape[-1]}")
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     cos, sin = rope_cos_sin(positions, x.shape[-1], base, dtype)
-    return rotate_pairs(x, _heads_aligned(cos, x), _heads_aligned(sin, x))
+    return rotate_pairs(x, cos, sin)
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
