@@ -7,11 +7,10 @@ import torch
 
 from lm.attention import MultiHeadAttention, attention, causal_mask
 
-torch.set_default_dtype(torch.float64)
-
-
 @pytest.fixture(autouse=True)
 def _float64():
+    """The notes' examples in float64; the default is restored for every other test module."""
+    torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(torch.float32)
 
