@@ -7,6 +7,7 @@ import torch
 
 from lm.attention import MultiHeadAttention, attention, causal_mask
 
+
 @pytest.fixture(autouse=True)
 def _float64():
     """The notes' examples in float64; the default is restored for every other test module."""
