@@ -101,3 +101,12 @@ def test_python_dash_m_and_help():
             [sys.executable, "-m", "lm", cmd, "--help"], capture_output=True, text=True
         )
         assert sub.returncode == 0 and "usage: lm " + cmd in sub.stdout
+
+
+def test_prompt_dash_reads_standard_input(trained):
+    cmd = [sys.executable, "-m", "lm", "sample", str(trained / "run"), "--prompt", "-"]
+    out = subprocess.run(
+        [*cmd, "--max-new-tokens", "5"], input="class A", capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("class A") and len(out.stdout) > len("class A\n")
