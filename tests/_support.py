@@ -40,6 +40,15 @@ def write_config(path: Path, **sections: dict[str, Any]) -> Path:
     return path
 
 
+def train_via_cli(root: Path, **train: Any) -> Path:
+    """A tiny run trained through ``lm train`` into ``root/run`` (data cached under root)."""
+    from lm.cli import main
+
+    cfg = write_config(root / "tiny.yaml", data={"cache_dir": str(root / "cache")}, train=train)
+    assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
+    return root / "run"
+
+
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from _support import metrics, write_config
+from _support import metrics, train_via_cli, write_config
 
 from lm.cli import main
 
@@ -15,8 +15,7 @@ from lm.cli import main
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    cfg = write_config(root / "tiny.yaml", data={"cache_dir": str(root / "cache")})
-    assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
+    train_via_cli(root)
     return root
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
-from _support import write_config
+from _support import train_via_cli
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -84,12 +84,7 @@ def test_random_command_lines_end_in_a_result_or_one_line(capsys, argv):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fuzz")
-    cfg = write_config(
-        root / "c.yaml", data={"cache_dir": str(root / "cache")}, train={"max_steps": 3}
-    )
-    assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
-    return root / "run"
+    return train_via_cli(tmp_path_factory.mktemp("fuzz"), max_steps=3)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

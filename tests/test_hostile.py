@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _support import write_config
+from _support import train_via_cli
 
 from lm.checkpoint import latest_checkpoint
 from lm.cli import main
@@ -26,12 +26,7 @@ class Exploit:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile")
-    cfg = write_config(
-        root / "c.yaml", data={"cache_dir": str(root / "cache")}, train={"max_steps": 4}
-    )
-    assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
-    return root / "run"
+    return train_via_cli(tmp_path_factory.mktemp("hostile"), max_steps=4)
 
 
 @pytest.fixture
