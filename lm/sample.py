@@ -72,9 +72,11 @@ def generate(
             logits = model(ids[:, -C:], key_mask=mask[:, -C:])
         nxt = _choose(logits[:, -1], temperature, top_k, generator)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        for i, token in enumerate(nxt.tolist()):
-            if not done[i] and token != eod_id:
-                out[i].append(token)
+        # One host copy per step for the whole batch (indexing the device tensor per row would
+        # copy once per row).
+        for row, token, finished in zip(out, nxt.tolist(), done.tolist(), strict=True):
+            if not finished and token != eod_id:
+                row.append(token)
         # A finished row keeps receiving masked pads, which no real query ever sees.
         ids = torch.cat([ids, nxt[:, None]], dim=1)
         mask = torch.cat([mask, ~done[:, None]], dim=1)
