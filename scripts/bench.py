@@ -34,7 +34,13 @@ from lm.distributed import World
 from lm.model import TransformerLM
 from lm.optim import build_optimizer
 from lm.sample import generate
-from lm.train import Stepper, autocast_context, resolve_device
+from lm.train import (
+    Stepper,
+    autocast_context,
+    compile_model,
+    resolve_device,
+    retain_freed_host_memory,
+)
 
 # name: (model shape, sequences per step)
 SHAPES: dict[str, tuple[dict, int]] = {
@@ -79,7 +85,7 @@ def random_split(vocab: int, n_tokens: int, seed: int = 0) -> TokenizedSplit:
 
 
 def bench_training(
-    shape: str, dtype_name: str, steps: int, warmup: int, compile_model: bool, device: torch.device
+    shape: str, dtype_name: str, steps: int, warmup: int, compiled: bool, device: torch.device
 ) -> dict:
     model_kw, batch = SHAPES[shape]
     cfg = ModelConfig(**{"vocab_size": 65, **model_kw})
@@ -87,7 +93,7 @@ def bench_training(
     model = TransformerLM(cfg).to(device)
     tc = TrainConfig(batch_size=batch, lr=1e-3, grad_clip=1.0)
     optimizer = build_optimizer(model, tc, device)
-    runner = torch.compile(model) if compile_model else model
+    runner = compile_model(model, device) if compiled else model
     dtype = DTYPES[dtype_name]
     stepper = Stepper(
         runner, model, optimizer, torch.amp.GradScaler(device.type, enabled=False),
@@ -117,7 +123,7 @@ def bench_training(
         "params_M": round(model.num_parameters() / 1e6, 2),
         "batch": batch,
         "dtype": dtype_name,
-        "compile": compile_model,
+        "compile": compiled,
         "step_ms": round(step_s * 1e3, 2),
         "tokens_per_s": round(tok_s),
         "mfu": tok_s * model.flops_per_token(cfg.context_length) / peak,
@@ -193,6 +199,8 @@ def main() -> int:
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
     device = resolve_device(args.device)
+    if device.type == "cpu":
+        retain_freed_host_memory()  # as the trainer does
     rows = []
     for shape in args.shapes.split(","):
         for dtype in args.dtypes.split(","):

@@ -2,14 +2,19 @@
 
     python scripts/throughput_vs_nanogpt.py --nanogpt ~/src/nanoGPT \
         --nanogpt-python ~/venvs/nanogpt/bin/python \
-        --data ../shared/data/tinyshakespeare/input.txt --repeats 3
+        --data ../shared/data/tinyshakespeare/input.txt --repeats 5 --compile
 
 Same shape and math on both sides: 4 layers, 4 heads, width 128, context 64, batch 12, learned
-absolute positions, fp32, no dropout, no compile. The two programs alternate; each runs
+absolute positions, fp32, no dropout. nanoGPT runs its README's CPU command (which turns compile
+off); `lm` runs eager (its CPU default). With ``--compile`` both also run compiled (nanoGPT's
+``--compile=True``, `lm`'s ``train.compile=true``), so every ratio has a like-for-like partner.
+
+Each repeat runs every program once, in an order rotated from repeat to repeat; each runs
 ``--iters`` optimizer steps and reports per-step times (nanoGPT's own log lines, one per step;
 `lm`'s metrics.jsonl, one per 10 steps: each program's usual logging), of which the first
-``--warmup`` steps are dropped. Prints medians in tokens/s
-and the ratio. nanoGPT runs from the user's own checkout; none of its code is in this project.
+``--warmup`` steps (compiling included) are dropped. Prints each program's median and the
+ratios of medians taken within each repeat; wall time per process shows the start-up cost.
+nanoGPT runs from the user's own checkout; none of its code is in this project.
 """
 
 from __future__ import annotations
@@ -22,34 +27,38 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 TOKENS_PER_STEP = 12 * 64
 LM_LOG = 10  # lm's metrics.jsonl line every 10 steps, its usual logging
 NANOGPT = (
-    "train.py config/train_shakespeare_char.py --device=cpu --compile=False --eval_iters=1 "
+    "train.py config/train_shakespeare_char.py --device=cpu --compile={compile} --eval_iters=1 "
     "--eval_interval=100000 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 "
     "--n_head=4 --n_embd=128 --dropout=0.0 --max_iters={iters} --lr_decay_iters={iters}"
 )
 LM_SET = [
     "model.n_layer=4", "model.n_head=4", "model.d_model=128", "model.context_length=64",
     "model.position=learned", "model.dropout=0.0", "train.batch_size=12", "train.dtype=fp32",
-    "train.compile=false", "train.eval_every=0", "train.eval_steps=1", f"train.log_every={LM_LOG}",
+    "train.eval_every=0", "train.eval_steps=1", f"train.log_every={LM_LOG}",
     "train.checkpoint_every=0", "train.device=cpu", "data.tokenizer=char",
 ]  # fmt: skip
 ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 
 
-def nanogpt_steps(directory: Path, python: str, iters: int) -> list[float]:
-    cmd = [python, *shlex.split(NANOGPT.format(iters=iters))]
-    out = subprocess.run(cmd, cwd=directory, capture_output=True, text=True, check=True)
+def nanogpt_steps(directory: Path, python: str, iters: int, compiled: bool) -> list[float]:
+    args = NANOGPT.format(iters=iters, compile=compiled)
+    out = subprocess.run(
+        [python, *shlex.split(args)], cwd=directory, capture_output=True, text=True, check=True
+    )
     return [float(m.group(2)) / 1e3 for m in ITER.finditer(out.stdout)]
 
 
-def lm_steps(data: str, iters: int, out: Path) -> list[float]:
+def lm_steps(data: str, iters: int, out: Path, compiled: bool) -> list[float]:
     cmd = [sys.executable, "-m", "lm", "train", "configs/default.yaml", "--out", str(out)]
     cmd += ["--overwrite", "--quiet", "--set", f"data.source={data}", f"train.max_steps={iters}"]
-    subprocess.run([*cmd, *LM_SET], check=True, capture_output=True)
+    cmd += [*LM_SET, f"train.compile={str(compiled).lower()}"]
+    subprocess.run(cmd, check=True, capture_output=True)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [TOKENS_PER_STEP / m["tokens_per_s"] for m in lines if "tokens_per_s" in m]
 
@@ -61,30 +70,57 @@ def main() -> int:
     parser.add_argument("--data", required=True, help="Tiny Shakespeare input.txt")
     parser.add_argument("--iters", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30, help="steps dropped as warm-up")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="also run both compiled")
     args = parser.parse_args()
-    medians: dict[str, list[float]] = {"nanoGPT": [], "lm": []}
+
+    programs = {
+        "nanoGPT": lambda tmp: nanogpt_steps(args.nanogpt, args.nanogpt_python, args.iters, False),
+        "lm": lambda tmp: lm_steps(args.data, args.iters, tmp, False)[args.warmup // LM_LOG :],
+    }
+    if args.compile:
+        programs["nanoGPT compiled"] = lambda tmp: nanogpt_steps(
+            args.nanogpt, args.nanogpt_python, args.iters, True
+        )
+        programs["lm compiled"] = lambda tmp: lm_steps(args.data, args.iters, tmp, True)[
+            args.warmup // LM_LOG :
+        ]
+    names = list(programs)
+    step_s: dict[str, list[float]] = {name: [] for name in names}  # one median per repeat
+    wall_s: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
-            a = nanogpt_steps(args.nanogpt, args.nanogpt_python, args.iters)[args.warmup :]
-            b = lm_steps(args.data, args.iters, Path(tmp) / f"r{i}")[args.warmup // LM_LOG :]
-            medians["nanoGPT"].append(statistics.median(a))
-            medians["lm"].append(statistics.median(b))
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name in order:
+                t0 = time.perf_counter()
+                times = programs[name](Path(tmp) / f"r{i}")
+                wall_s[name].append(time.perf_counter() - t0)
+                if name.startswith("nanoGPT"):
+                    times = times[args.warmup :]
+                step_s[name].append(statistics.median(times))
             print(
-                f"pair {i + 1}: nanoGPT {medians['nanoGPT'][-1] * 1e3:.2f} ms/step, "
-                f"lm {medians['lm'][-1] * 1e3:.2f} ms/step",
+                f"repeat {i + 1}: "
+                + ", ".join(f"{n} {step_s[n][-1] * 1e3:.2f} ms/step" for n in names),
                 file=sys.stderr,
                 flush=True,
             )
-    ratios = [a / b for a, b in zip(medians["nanoGPT"], medians["lm"], strict=True)]
-    print("| program | median ms/step | tokens/s |")
-    print("|---|---:|---:|")
-    for name, values in medians.items():
-        ms = statistics.median(values)
-        print(f"| {name} | {ms * 1e3:.2f} | {TOKENS_PER_STEP / ms:,.0f} |")
-    print(f"\nlm tokens/s / nanoGPT tokens/s = {statistics.median(ratios):.2f} "
-          f"(median of {len(ratios)} side-by-side pairs, pairs: "
-          + ", ".join(f"{r:.2f}" for r in ratios) + ")")  # fmt: skip
+
+    print(f"| program | median ms/step | tokens/s | wall s for {args.iters} steps |")
+    print("|---|---:|---:|---:|")
+    for name in names:
+        ms = statistics.median(step_s[name])
+        wall = statistics.median(wall_s[name])
+        print(f"| {name} | {ms * 1e3:.2f} | {TOKENS_PER_STEP / ms:,.0f} | {wall:.1f} |")
+    pairs = [("lm", "nanoGPT")]
+    if args.compile:
+        pairs += [("lm compiled", "nanoGPT"), ("lm compiled", "nanoGPT compiled")]
+    print()
+    for a, b in pairs:
+        ratios = [y / x for x, y in zip(step_s[a], step_s[b], strict=True)]
+        print(
+            f"{a} / {b} tokens/s: {statistics.median(ratios):.2f} (median of {len(ratios)} "
+            "repeats: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+        )
     return 0
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import LMError
 from lm.model import TransformerLM, loss_sum
 from lm.optim import lr_at, orthogonalize
-from lm.train import INJECT_NONFINITE_ENV, train
+from lm.train import INJECT_NONFINITE_ENV, compile_model, train
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -208,3 +210,40 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     assert result.status == "done"
     lines = [m["train_loss"] for m in metrics(tmp_path / "r") if "train_loss" in m]
     assert lines[-1] < lines[0] - 0.5
+
+
+def test_compiled_model_matches_eager_loss_and_gradients():
+    # The CPU path compiles with Inductor's C++ wrapper; same math as eager, to float tolerance.
+    cfg = dataclasses.replace(tiny_config().model, vocab_size=40)
+    torch.manual_seed(0)
+    eager = TransformerLM(cfg)
+    twin = TransformerLM(cfg)
+    twin.load_state_dict(eager.state_dict())
+    compiled = compile_model(twin, torch.device("cpu"))
+    ids = torch.randint(0, cfg.vocab_size, (3, cfg.context_length + 1))
+    loss = [loss_sum(model(ids[:, :-1]), ids[:, 1:]) for model in (eager, compiled)]
+    torch.testing.assert_close(loss[1], loss[0], rtol=1e-5, atol=0)
+    for x in loss:
+        x.backward()
+    for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc malloc setting")
+def test_freed_host_memory_is_reused_instead_of_faulted_in_again():
+    # 40 MiB blocks: above the largest size glibc ever stops mapping afresh by itself, so without
+    # the setting each of these allocations costs 10,240 page faults.
+    code = (
+        "import resource, torch\n"
+        "from lm.train import retain_freed_host_memory\n"
+        "assert retain_freed_host_memory()\n"
+        "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "for _ in range(2):  # the heap grows to hold the block\n"
+        "    torch.empty(10 << 20).fill_(1.0)\n"
+        "before = faults()\n"
+        "for _ in range(10):\n"
+        "    torch.empty(10 << 20).fill_(1.0)\n"
+        "print(faults() - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) < 1000
