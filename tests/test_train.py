@@ -241,9 +241,10 @@ def test_freed_host_memory_is_reused_instead_of_faulted_in_again():
         "for _ in range(2):  # the heap grows to hold the block\n"
         "    torch.empty(10 << 20).fill_(1.0)\n"
         "before = faults()\n"
-        "for _ in range(10):\n"
+        "for _ in range(20):\n"
         "    torch.empty(10 << 20).fill_(1.0)\n"
         "print(faults() - before)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert int(out.stdout) < 1000
+    # Without it: 20 x 10,240. A block now and then still lands past a small allocation.
+    assert int(out.stdout) < 3 * 10_240
