@@ -4,11 +4,13 @@
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --steps 30
     python scripts/bench.py --decode              # KV cache against recomputing, 512 tokens
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
+    python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
 model FLOPs per token (6N + 12 L d T) times tokens/s, over the peak of a large matmul measured in
-the same process with the same dtype. It prints a Markdown table and writes JSON. Run it alone:
+the same process with the same dtype, and the page faults a step costs. It prints a Markdown
+table and writes JSON. Run it alone:
 on a shared two-core machine any other load stalls steps by far more than 2x.
 """
 
@@ -104,6 +106,8 @@ def bench_training(
 
     step_times, data_times = [], []
     for step in range(warmup + steps):
+        if step == warmup:
+            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         micro, n_targets = batches.step(step)
         t1 = time.perf_counter()
@@ -113,6 +117,7 @@ def bench_training(
         if step >= warmup:
             data_times.append(t1 - t0)
             step_times.append(t2 - t0)
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / steps
     step_s = statistics.median(step_times)
     tokens = batch * cfg.context_length
     peak = matmul_peak(dtype, device)
@@ -129,6 +134,7 @@ def bench_training(
         "mfu": tok_s * model.flops_per_token(cfg.context_length) / peak,
         "peak_tflops": peak / 1e12,
         "data_fraction": statistics.median(data_times) / step_s,
+        "page_faults_per_step": round(faults),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -174,14 +180,16 @@ def bench_tokenize(reps: int = 3) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| shape | L/H/d/ctx | params | batch | dtype | compile | ms/step | tokens/s | MFU | data |"
+        "| shape | L/H/d/ctx | params | batch | dtype | compile | ms/step | tokens/s | MFU | data "
+        "| faults/step |"
     )
-    lines = [head, "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['shape']} | {r['layers/heads/width/ctx']} | {r['params_M']}M | {r['batch']} "
             f"| {r['dtype']} | {'yes' if r['compile'] else 'no'} | {r['step_ms']} "
-            f"| {r['tokens_per_s']:,} | {r['mfu']:.1%} | {r['data_fraction']:.1%} |"
+            f"| {r['tokens_per_s']:,} | {r['mfu']:.1%} | {r['data_fraction']:.1%} "
+            f"| {r['page_faults_per_step']:,} |"
         )
     return "\n".join(lines)
 
@@ -196,10 +204,15 @@ def main() -> int:
     parser.add_argument("--decode", action="store_true", help="also time decoding")
     parser.add_argument("--tokenize", action="store_true", help="also time BPE tokenizing")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--malloc-default",
+        action="store_true",
+        help="leave glibc's malloc thresholds alone (the trainer raises them on CPU)",
+    )
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    if device.type == "cpu":
+    if device.type == "cpu" and not args.malloc_default:
         retain_freed_host_memory()  # as the trainer does
     rows = []
     for shape in args.shapes.split(","):
