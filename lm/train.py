@@ -90,10 +90,11 @@ def retain_freed_host_memory() -> bool:
     """Keep freed CPU memory in the process for the next step instead of returning it to the OS.
 
     glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
-    so each step's activations come back as fresh pages the kernel must fault in and zero: about
-    1,000 page faults a step at nanoGPT's CPU shape, and 2 of its ~32 ms. With both thresholds
-    raised, a step reuses the memory the previous one freed; the peak is unchanged. Returns
-    whether the C library took the settings (glibc does; others have no ``mallopt``).
+    so each step's activations come back as fresh pages the kernel must fault in and zero: 1,190
+    page faults a step at nanoGPT's CPU shape, against 39 with both thresholds raised, and a
+    step 12% shorter (README, scripts/bench.py --malloc-default). A step then reuses the memory
+    the previous one freed; the peak is unchanged. Returns whether the C library took the
+    settings (glibc does; others have no ``mallopt``).
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -106,15 +107,24 @@ def retain_freed_host_memory() -> bool:
 
 def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
-    without a Python frame per op: 12% off a step at nanoGPT's CPU shape, against 6% for the
-    default Python wrapper (scripts/throughput_vs_nanogpt.py). It needs a C++ compiler, as any
-    Inductor build on CPU does."""
-    options = {"cpp_wrapper": True} if device.type == "cpu" else None
-    return torch.compile(model, options=options)
+    from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps.
+    At nanoGPT's CPU shape a step takes 29.7 ms compiled against 32.4 eager (README,
+    scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and needs a
+    C++ compiler, as any Inductor build on CPU does; so ``train.compile: auto`` stays eager there.
+    """
+    if device.type != "cpu":
+        return torch.compile(model)
+    compilers = [os.environ.get("CXX") or "g++", "clang++"]
+    if not any(shutil.which(c) for c in compilers):
+        raise ConfigError(
+            f"train.compile: compiling on CPU needs a C++ compiler and none of "
+            f"{', '.join(compilers)} is on PATH (set CXX, or train.compile: false)"
+        )
+    return torch.compile(model, options={"cpp_wrapper": True})
 
 
-# Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is 1.4x slower than fp32
-# at width 128 (nanoGPT's CPU shape) and 2.1x faster at width 384 (its GPU Shakespeare shape).
+# Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is 1.3x slower than fp32
+# at width 128 (nanoGPT's CPU shape) and 1.9x faster at width 384 (its GPU Shakespeare shape).
 CPU_BF16_MIN_WIDTH = 384
 
 

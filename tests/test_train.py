@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from lm.batches import PaddedCollator
 from lm.checkpoint import complete_checkpoints, latest_checkpoint
-from lm.config import LMError
+from lm.config import ConfigError, LMError
 from lm.model import TransformerLM, loss_sum
 from lm.optim import lr_at, orthogonalize
 from lm.train import INJECT_NONFINITE_ENV, compile_model, train
@@ -248,3 +248,11 @@ def test_freed_host_memory_is_reused_instead_of_faulted_in_again():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     # Without it: 20 x 10,240. A block now and then still lands past a small allocation.
     assert int(out.stdout) < 3 * 10_240
+
+
+def test_compiling_on_cpu_without_a_cpp_compiler_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no compiler anywhere
+    monkeypatch.delenv("CXX", raising=False)
+    model = TransformerLM(dataclasses.replace(tiny_config().model, vocab_size=40))
+    with pytest.raises(ConfigError, match=r"train\.compile: .*C\+\+ compiler"):
+        compile_model(model, torch.device("cpu"))
