@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _support import losses, metrics, tiny_config, varied_corpus, write_config
 from safetensors.torch import load_file
 
@@ -20,7 +21,7 @@ from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import ConfigError, LMError
 from lm.model import TransformerLM, loss_sum
 from lm.optim import lr_at, orthogonalize
-from lm.train import INJECT_NONFINITE_ENV, compile_model, train
+from lm.train import INJECT_NONFINITE_ENV, autocast_context, compile_model, train
 
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -256,3 +257,27 @@ def test_compiling_on_cpu_without_a_cpp_compiler_is_a_config_error(tmp_path, mon
     model = TransformerLM(dataclasses.replace(tiny_config().model, vocab_size=40))
     with pytest.raises(ConfigError, match=r"train\.compile: .*C\+\+ compiler"):
         compile_model(model, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+def test_bf16_autocast_step_matches_fp32_within_bf16_precision(position):
+    # The fast path on AMX CPUs and on GPUs: matmuls in bf16 (8-bit mantissa), the loss in fp32.
+    cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (4, cfg.context_length + 1))
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model.zero_grad()
+        with autocast_context(torch.device("cpu"), dtype):
+            logits = model(ids[:, :-1])
+        assert logits.dtype == dtype
+        loss = loss_sum(logits, ids[:, 1:]) / ids[:, 1:].numel()
+        assert loss.dtype == torch.float32
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((loss.detach(), grads))
+    (loss32, grad32), (loss16, grad16) = results
+    torch.testing.assert_close(loss16, loss32, rtol=1e-3, atol=0)
+    cosine = F.cosine_similarity(grad16, grad32, dim=0)
+    assert cosine > 0.999, cosine
