@@ -90,9 +90,9 @@ def retain_freed_host_memory() -> bool:
     """Keep freed CPU memory in the process for the next step instead of returning it to the OS.
 
     glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
-    so each step's activations come back as fresh pages the kernel must fault in and zero: 1,190
-    page faults a step at nanoGPT's CPU shape, against 39 with both thresholds raised, and a
-    step 12% shorter (README, scripts/bench.py --malloc-default). A step then reuses the memory
+    so each step's activations come back as fresh pages the kernel must fault in and zero: 966
+    page faults a step at nanoGPT's CPU shape, against 34 with the settings below, and a step
+    about 5% shorter (README, scripts/bench.py --malloc-default). A step then reuses the memory
     the previous one freed; the peak is unchanged. Returns whether the C library took the
     settings (glibc does; others have no ``mallopt``).
     """
@@ -126,7 +126,7 @@ def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
 
 
 # Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is 1.3x slower than fp32
-# at width 128 (nanoGPT's CPU shape) and 1.9x faster at width 384 (its GPU Shakespeare shape).
+# at width 128 (nanoGPT's CPU shape) and 1.8x faster at width 384 (its GPU Shakespeare shape).
 CPU_BF16_MIN_WIDTH = 384
 
 
