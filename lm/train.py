@@ -441,7 +441,7 @@ def _train(
 
     # On CPU a compiled evaluation would cost more than it saves: Inductor builds a second graph
     # (no autograd) and a third for the shorter last batch, tens of seconds each.
-    eval_model = model if device.type == "cuda" else raw_model
+    eval_model = raw_model if device.type == "cpu" else model
 
     def run_eval() -> float:
         loss, _ = evaluate(

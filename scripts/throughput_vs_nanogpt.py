@@ -46,21 +46,22 @@ LM_SET = [
 ITER = re.compile(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms")
 
 
-def nanogpt_steps(directory: Path, python: str, iters: int, compiled: bool) -> list[float]:
-    args = NANOGPT.format(iters=iters, compile=compiled)
-    out = subprocess.run(
-        [python, *shlex.split(args)], cwd=directory, capture_output=True, text=True, check=True
-    )
-    return [float(m.group(2)) / 1e3 for m in ITER.finditer(out.stdout)]
+def nanogpt_steps(args: argparse.Namespace, compiled: bool, out: Path) -> list[float]:
+    """Seconds per step after the warm-up, from nanoGPT's log line of every step."""
+    cmd = [args.nanogpt_python, *shlex.split(NANOGPT.format(iters=args.iters, compile=compiled))]
+    run = subprocess.run(cmd, cwd=args.nanogpt, capture_output=True, text=True, check=True)
+    return [float(m.group(2)) / 1e3 for m in ITER.finditer(run.stdout)][args.warmup :]
 
 
-def lm_steps(data: str, iters: int, out: Path, compiled: bool) -> list[float]:
+def lm_steps(args: argparse.Namespace, compiled: bool, out: Path) -> list[float]:
+    """Seconds per step after the warm-up, from metrics.jsonl (a line every LM_LOG steps)."""
     cmd = [sys.executable, "-m", "lm", "train", "configs/default.yaml", "--out", str(out)]
-    cmd += ["--overwrite", "--quiet", "--set", f"data.source={data}", f"train.max_steps={iters}"]
-    cmd += [*LM_SET, f"train.compile={str(compiled).lower()}"]
+    cmd += ["--overwrite", "--quiet", "--set", f"data.source={args.data}"]
+    cmd += [f"train.max_steps={args.iters}", *LM_SET, f"train.compile={str(compiled).lower()}"]
     subprocess.run(cmd, check=True, capture_output=True)
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [TOKENS_PER_STEP / m["tokens_per_s"] for m in lines if "tokens_per_s" in m]
+    times = [TOKENS_PER_STEP / m["tokens_per_s"] for m in lines if "tokens_per_s" in m]
+    return times[args.warmup // LM_LOG :]
 
 
 def main() -> int:
@@ -74,17 +75,10 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="also run both compiled")
     args = parser.parse_args()
 
-    programs = {
-        "nanoGPT": lambda tmp: nanogpt_steps(args.nanogpt, args.nanogpt_python, args.iters, False),
-        "lm": lambda tmp: lm_steps(args.data, args.iters, tmp, False)[args.warmup // LM_LOG :],
-    }
+    programs = {"nanoGPT": (nanogpt_steps, False), "lm": (lm_steps, False)}
     if args.compile:
-        programs["nanoGPT compiled"] = lambda tmp: nanogpt_steps(
-            args.nanogpt, args.nanogpt_python, args.iters, True
-        )
-        programs["lm compiled"] = lambda tmp: lm_steps(args.data, args.iters, tmp, True)[
-            args.warmup // LM_LOG :
-        ]
+        programs["nanoGPT compiled"] = (nanogpt_steps, True)
+        programs["lm compiled"] = (lm_steps, True)
     names = list(programs)
     step_s: dict[str, list[float]] = {name: [] for name in names}  # one median per repeat
     wall_s: dict[str, list[float]] = {name: [] for name in names}
@@ -92,11 +86,10 @@ def main() -> int:
         for i in range(args.repeats):
             order = names[i % len(names) :] + names[: i % len(names)]
             for name in order:
+                steps, compiled = programs[name]
                 t0 = time.perf_counter()
-                times = programs[name](Path(tmp) / f"r{i}")
+                times = steps(args, compiled, Path(tmp) / f"r{i}")
                 wall_s[name].append(time.perf_counter() - t0)
-                if name.startswith("nanoGPT"):
-                    times = times[args.warmup :]
                 step_s[name].append(statistics.median(times))
             print(
                 f"repeat {i + 1}: "
