@@ -278,7 +278,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from lm.compare import compare
+    from lm.sweep import compare
     from lm.train import resolve_device
 
     markdown = compare(
@@ -298,7 +298,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
-    from lm.inspect import draw_attention
+    from lm.diagnostics import draw_attention
     from lm.train import resolve_device
 
     device = str(resolve_device(args.device))
@@ -308,7 +308,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
-    from lm.inspect import draw_sinusoids, score_by_offset
+    from lm.diagnostics import draw_sinusoids, score_by_offset
     from lm.train import resolve_device
 
     if args.run_dir is None:

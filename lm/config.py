@@ -433,3 +433,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def save_config(config: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def flatten(config: Config) -> dict[str, Any]:
+    """Every key of ``config`` by its dotted name (``model.position``), in declaration order."""
+    return {f"{s}.{k}": v for s, values in config.to_dict().items() for k, v in values.items()}
+
+
+def config_diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
+    """The keys whose values differ between ``a`` and ``b``: dotted name -> (a's, b's), in
+    declaration order (model, data, train), so the first entry is the first key a reader meets."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    return {key: (flat_a[key], flat_b[key]) for key in flat_a if flat_a[key] != flat_b[key]}

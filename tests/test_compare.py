@@ -17,7 +17,7 @@ from PIL import Image
 from lm.checkpoint import latest_checkpoint
 from lm.cli import main
 from lm.config import POSITIONS, ModelConfig
-from lm.inspect import attention_scores, draw_attention, score_by_offset
+from lm.diagnostics import attention_scores, draw_attention, score_by_offset
 from lm.model import TransformerLM
 
 SCHEMES = ("rope", "learned")  # learned has no vector past its trained length: the hard case

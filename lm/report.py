@@ -1,0 +1,295 @@
+"""The comparison report: a pure function of what was measured of each run.
+
+:func:`write_report` takes one :class:`RunResult` per run (measured by ``lm.sweep``, or made by
+hand) and writes ``report.md`` (a table with one row per compared value, mean ± std over seeds,
+then every run's greedy continuation), ``report.json`` (every number, per run) and three
+pictures drawn by ``lm.plots``: loss against step and against wall time, and validation loss
+against evaluation context length (length extrapolation). No model is loaded and nothing is
+trained here.
+
+What the runs compare is read from their configs (:func:`lm.config.config_diff`): the key that
+differs between them, other than the seed, names the table's first column.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lm import plots
+from lm.config import Config, LMError, config_diff, flatten
+
+PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
+# Keys that differ between runs without being what they compare.
+NOT_COMPARED = ("model.vocab_size", "train.seed")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What was measured of one run."""
+
+    run_dir: Path
+    config: Config
+    """The run's resolved config (config.yaml)."""
+    parameters: int
+    step: int
+    tokens_seen: int
+    tokens_exact: bool
+    """False when counted from the logged throughput (padded batches hold a varying count)."""
+    final_val_loss: float | None
+    best_val_loss: float | None
+    tokens_per_s: float | None
+    """Median of the logged training throughputs."""
+    wall_s: float | None
+    extrapolation: list[dict[str, Any]]
+    """``lm.evaluate.evaluate_run``'s rows at whole multiples of the trained context, shortest
+    first: ``context_length`` and ``loss``, or ``loss`` None with a ``note`` saying why."""
+    continuation: str
+    """The greedy continuation of the report's prompt, without the prompt."""
+    tokenizer_sha256: str
+    data_cache: str | None
+    """The token-id cache the run's checkpoint names."""
+    eval_batches: int | None
+    """Batches per context length of the extrapolation evaluation (None: the whole split)."""
+    metrics: list[dict[str, Any]]
+    """The run's metrics.jsonl records, for the loss curves."""
+
+    @property
+    def seed(self) -> int:
+        return self.config.train.seed
+
+    @property
+    def trained_context(self) -> int:
+        return self.config.model.context_length
+
+    def to_json(self, label: str) -> dict[str, Any]:
+        """The run's numbers in report.json (its metrics stay in its own metrics.jsonl)."""
+        return {
+            "run_dir": str(self.run_dir),
+            "label": label,
+            "seed": self.seed,
+            "parameters": self.parameters,
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "tokens_exact": self.tokens_exact,
+            "final_val_loss": self.final_val_loss,
+            "best_val_loss": self.best_val_loss,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_s": self.wall_s,
+            "extrapolation": self.extrapolation,
+            "continuation": self.continuation,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "data_cache": self.data_cache,
+            "trained_context": self.trained_context,
+            "eval_batches": self.eval_batches,
+        }
+
+
+def labels(configs: list[Config]) -> tuple[str, list[str]]:
+    """The compared keys' short name and each run's value(s) of them."""
+    diffs = [config_diff(configs[0], c) for c in configs[1:]]
+    flat = [flatten(c) for c in configs]
+    varied = [k for k in flat[0] if k not in NOT_COMPARED and any(k in d for d in diffs)]
+    if not varied:  # nothing differs but the seed: one group
+        return "run", ["same config"] * len(configs)
+    if len(varied) == 1:
+        return varied[0].split(".")[-1], [str(f[varied[0]]) for f in flat]
+    names = [k.split(".")[-1] for k in varied]
+    return "runs", [
+        ", ".join(f"{n}={f[k]}" for n, k in zip(names, varied, strict=True)) for f in flat
+    ]
+
+
+def _mean_std(values: list[float | None], fmt: str) -> str:
+    """``mean ± std`` over seeds (sample std); one value or all equal: the value alone; any
+    missing: n/a."""
+    if not values or any(v is None for v in values):
+        return "n/a"
+    if len(set(values)) == 1:
+        return format(values[0], fmt)
+    return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes}m {s:02d}s" if minutes else f"{s}s"
+
+
+def _cell(text: str) -> str:
+    """Text as one Markdown table cell: newlines visible, pipes escaped."""
+    return text.replace("|", "\\|").replace("\n", "↵").replace("\r", "")
+
+
+def _context_columns(groups: dict[str, list[RunResult]]) -> list[str]:
+    first = next(iter(groups.values()))[0]
+    multiples = [row["context_length"] // first.trained_context for row in first.extrapolation]
+    trained = {runs[0].trained_context for runs in groups.values()}
+    if len(trained) == 1:  # name the lengths; runs of different contexts share only multiples
+        C = trained.pop()
+        return [f"val loss @{m * C} ({m}×)" for m in multiples]
+    return [f"val loss @{m}× context" for m in multiples]
+
+
+def _table(header: str, groups: dict[str, list[RunResult]]) -> tuple[list[str], list[str]]:
+    """The Markdown table, one row per group, and its footnotes (why a cell says n/a)."""
+    at = _context_columns(groups)
+    columns = [header, "seeds", "parameters", "steps", "tokens seen", "final val loss"]
+    columns += ["best val loss", "tokens/s", "wall time", *at]
+    lines = ["| " + " | ".join(columns) + " |", "|---" + "|---:" * (len(columns) - 1) + "|"]
+    notes: list[str] = []
+    for label, runs in groups.items():
+        tokens = statistics.mean(r.tokens_seen for r in runs)
+        walls = [r.wall_s for r in runs]
+        cells = [
+            _cell(label),
+            str(len(runs)),
+            f"{runs[0].parameters:,}",
+            _mean_std([r.step for r in runs], ".0f"),
+            ("" if runs[0].tokens_exact else "≈") + f"{tokens:,.0f}",
+            _mean_std([r.final_val_loss for r in runs], ".4f"),
+            _mean_std([r.best_val_loss for r in runs], ".4f"),
+            _mean_std([r.tokens_per_s for r in runs], ",.0f"),
+            "n/a" if None in walls else _duration(statistics.mean(walls)),
+        ]
+        for i in range(len(at)):
+            rows = [r.extrapolation[i] for r in runs]
+            cell = _mean_std([row["loss"] for row in rows], ".4f")
+            note = next((row["note"] for row in rows if row.get("note")), None)
+            if note is not None:
+                if note not in notes:
+                    notes.append(note)
+                cell += f" [{notes.index(note) + 1}]"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines, [f"[{i}] {note}" for i, note in enumerate(notes, 1)]
+
+
+def _sharing(results: list[RunResult]) -> str:
+    """Whether the runs really shared one tokenizer and one set of token ids (checked, not
+    assumed: the hash of every run's tokenizer.json and the cache its checkpoint names)."""
+    tokenizers = {r.tokenizer_sha256 for r in results}
+    caches = {r.data_cache for r in results}
+    if len(tokenizers) == 1 and len(caches) == 1:
+        return (
+            f"All {len(results)} runs share one tokenizer (tokenizer.json sha256 "
+            f"`{next(iter(tokenizers))[:16]}`) and one set of cached token ids "
+            f"(`{Path(next(iter(caches)) or '?').name}`)."
+        )
+    return (
+        f"The runs do not all share their data: {len(tokenizers)} distinct tokenizers and "
+        f"{len(caches)} token-id caches (see report.json)."
+    )
+
+
+def _curves(groups: dict[str, list[RunResult]], x: str, y: str) -> plots.Curves:
+    return {
+        label: [
+            ([m[x] for m in r.metrics if y in m], [m[y] for m in r.metrics if y in m]) for r in runs
+        ]
+        for label, runs in groups.items()
+    }
+
+
+def _draw(groups: dict[str, list[RunResult]], out_dir: Path) -> None:
+    step, time, context = (out_dir / name for name in PICTURES)
+    panels = {
+        x_name: {
+            "training loss": _curves(groups, x, "train_loss"),
+            "validation loss": _curves(groups, x, "val_loss"),
+        }
+        for x, x_name in (("step", "step"), ("elapsed_s", "wall time (s)"))
+    }
+    extrapolation = {
+        label: [
+            (
+                [row["context_length"] for row in r.extrapolation],
+                [math.nan if row["loss"] is None else row["loss"] for row in r.extrapolation],
+            )
+            for r in runs
+        ]
+        for label, runs in groups.items()
+    }
+    trained = {label: runs[0].trained_context for label, runs in groups.items()}
+    plots.loss_curves(panels["step"], "step", step)
+    plots.loss_curves(panels["wall time (s)"], "wall time (s)", time)
+    plots.loss_vs_context(extrapolation, trained, context)
+
+
+def _budget(results: list[RunResult]) -> str:
+    """How much of the validation split the extrapolation columns read."""
+    budgets = {r.eval_batches for r in results}
+    if budgets == {None}:
+        return "the whole of"
+    return f"the first {'/'.join(sorted(str(b) for b in budgets))} batches of"
+
+
+def _grouped(results: list[RunResult]) -> tuple[str, list[str], dict[str, list[RunResult]]]:
+    """The table's first header, each run's label, and the runs grouped by label (the seeds of
+    one compared value), in the order the runs came."""
+    if not results:
+        raise LMError("compare: no runs to report on")
+    header, names = labels([r.config for r in results])
+    groups: dict[str, list[RunResult]] = {}
+    for r, label in zip(results, names, strict=True):
+        groups.setdefault(label, []).append(r)
+    return header, names, groups
+
+
+def render(
+    results: list[RunResult], prompt: str, max_new_tokens: int
+) -> tuple[str, dict[str, Any]]:
+    """The report's Markdown (linking the :data:`PICTURES` beside it) and report.json's content."""
+    header, names, groups = _grouped(results)
+    table, notes = _table(header, groups)
+    seeds = sorted({len(runs) for runs in groups.values()})
+    lines = [
+        f"# Runs compared by {header}",
+        "",
+        f"{len(results)} runs: {len(groups)} values of {header}, "
+        f"{'-'.join(map(str, seeds))} seed(s) each. {_sharing(results)}",
+        "Losses are mean next-token cross-entropy in nats per token on the validation split, "
+        f"mean ± std over seeds. `val loss @N` is measured at context length N on "
+        f"{_budget(results)} the validation split by `lm.evaluate.evaluate_run` (the code "
+        "behind `lm eval`).",
+        "",
+        *table,
+        "",
+        *(line for note in notes for line in (note, "")),
+        *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in PICTURES),
+        "",
+        f"## Greedy continuations of “{prompt}”",
+        "",
+        f"| {header} | seed | continuation ({max_new_tokens} tokens at most; ↵ is a newline) |",
+        "|---|---:|---|",
+        *(
+            f"| {_cell(label)} | {r.seed} | {_cell(prompt + r.continuation)} |"
+            for r, label in zip(results, names, strict=True)
+        ),
+        "",
+    ]
+    numbers = {
+        "compared": header,
+        "prompt": prompt,
+        "runs": [r.to_json(label) for r, label in zip(results, names, strict=True)],
+    }
+    return "\n".join(lines), numbers
+
+
+def write_report(
+    results: list[RunResult], out_dir: str | Path, prompt: str, max_new_tokens: int
+) -> str:
+    """Write ``report.md``, ``report.json`` and the :data:`PICTURES` into ``out_dir``; return
+    the Markdown. ``max_new_tokens`` is the continuations' length limit, as the table says."""
+    markdown, numbers = render(results, prompt, max_new_tokens)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _draw(_grouped(results)[2], out_dir)
+    (out_dir / "report.md").write_text(markdown, encoding="utf-8")
+    (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+    return markdown

@@ -1,0 +1,296 @@
+"""``lm compare``: train runs that differ in one config key (a sweep), measure each, report.
+
+:func:`run_sweep` trains one run per value and seed into ``DIR/<key>=<value>/seed<N>``, every
+other key as the config file says. The tokenizer and token ids come from data.py's cache, keyed
+by content: the first run makes them and the others find them, so all runs see the same ids.
+A sweep can be run again: finished runs are reused, an interrupted one resumes.
+
+:func:`measure_run` loads a finished run and measures what the report shows: its logged losses
+and throughput, its validation loss at 1x, 2x and 4x the trained context (length extrapolation,
+by ``lm.evaluate.evaluate_run``, the code behind ``lm eval``) and a greedy continuation of a
+prompt. ``lm.report`` renders the report from those results alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lm.checkpoint import latest_checkpoint, read_state
+from lm.config import (
+    Config,
+    ConfigError,
+    LMError,
+    TrainConfig,
+    config_diff,
+    load_config,
+    parse_overrides,
+)
+from lm.data import print_to_stderr
+from lm.evaluate import evaluate_run
+from lm.report import PICTURES, RunResult, write_report
+from lm.runs import CONFIG, METRICS, TOKENIZER, load_run
+from lm.sample import generate
+from lm.train import train
+
+DEFAULT_OUT = Path("runs/compare")
+DEFAULT_PROMPT = "The for statement"
+EXTRAPOLATION = (1, 2, 4)
+"""Evaluation contexts, as multiples of the trained one."""
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+# The sweep
+
+
+def parse_vary(text: str) -> tuple[str, list[str]]:
+    """``"model.position=rope,alibi"`` -> ``("model.position", ["rope", "alibi"])``.
+
+    The key is checked as ``--set`` checks it; the values are checked when the configs are built.
+    """
+    if "=" not in text:
+        raise ConfigError(
+            f"--vary {text!r}: expected KEY=VALUE,VALUE,..., for example "
+            "model.position=rope,sinusoidal"
+        )
+    key, values = text.split("=", 1)
+    key = key.strip()
+    texts = [v.strip() for v in values.split(",") if v.strip()]
+    if not texts:
+        raise ConfigError(f"--vary {key}: no values given after '='")
+    if len(set(texts)) != len(texts):
+        raise ConfigError(f"--vary {key}: a value is listed twice")
+    if key == "train.seed":
+        raise ConfigError("--vary train.seed: use --seeds to repeat runs over seeds")
+    parse_overrides([f"{key}={v}" for v in texts])
+    return key, texts
+
+
+def _run_dir(out_dir: Path, key: str, value: str, seed: int) -> Path:
+    safe = value.replace("/", "_")  # a path-like value must not become nested folders
+    return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
+
+
+def _finished(state: dict[str, Any], tc: TrainConfig) -> bool:
+    """Trained to ``max_steps``, or stopped early because it reached ``target_loss``."""
+    if state["step"] >= tc.max_steps:
+        return True
+    val = state.get("val_loss")
+    return tc.target_loss is not None and val is not None and val <= tc.target_loss
+
+
+def _check_same_config(run_dir: Path, config: Config) -> None:
+    """A run folder the sweep reuses or resumes must hold the run this sweep asks for; only
+    ``train.max_steps`` may grow (the run then trains on)."""
+    if not (run_dir / CONFIG).is_file():
+        return
+    saved = load_config(run_dir / CONFIG)
+    for name, (old, new) in config_diff(saved, config).items():
+        if name == "model.vocab_size" or (name == "train.max_steps" and new >= old):
+            continue
+        raise LMError(
+            f"{run_dir}: was trained with {name}={old!r}, this sweep asks for {new!r}; "
+            "delete that folder or choose another --out"
+        )
+
+
+def run_sweep(
+    config_path: str | Path,
+    vary_key: str,
+    values: list[str],
+    seeds: list[int] | None = None,
+    overrides: list[str] | None = None,
+    out_dir: str | Path = DEFAULT_OUT,
+    quiet: bool = False,
+) -> list[Path]:
+    """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
+
+    ``seeds`` default to the config's own ``train.seed``. Every config is built and checked
+    before the first run starts, so a bad value fails at once, not after an hour of training.
+    """
+    overrides = overrides or []
+    out_dir = Path(out_dir)
+    log = _quiet if quiet else print_to_stderr
+    if seeds is None:
+        seeds = [load_config(config_path, overrides).train.seed]
+    plan = [
+        (
+            _run_dir(out_dir, vary_key, value, seed),
+            load_config(config_path, [*overrides, f"{vary_key}={value}", f"train.seed={seed}"]),
+        )
+        for value in values
+        for seed in seeds
+    ]
+    for run_dir, config in plan:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            _check_same_config(run_dir, config)
+            state = read_state(checkpoint)
+            if _finished(state, config.train):
+                log(f"compare: {run_dir} is finished (step {state['step']}); reusing it")
+                continue
+            log(f"compare: resuming {run_dir} from step {state['step']}")
+        else:
+            log(f"compare: training {run_dir}")
+        # Without a checkpoint, whatever the folder holds (a run killed before its first
+        # save) is cleared and training starts over.
+        result = train(
+            config,
+            run_dir,
+            resume=checkpoint is not None,
+            overwrite=checkpoint is None,
+            quiet=quiet,
+        )
+        if result.status == "interrupted":
+            raise KeyboardInterrupt
+        if result.status not in ("done", "target"):
+            raise LMError(f"{run_dir}: {result.message}")
+    return [run_dir for run_dir, _ in plan]
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run folders: each path is a run (it has config.yaml) or a folder searched for runs."""
+    runs: list[Path] = []
+    for path in map(Path, paths):
+        if (path / CONFIG).is_file():
+            found = [path]
+        elif path.is_dir():
+            found = sorted(p.parent for p in path.rglob(CONFIG))
+            if not found:
+                raise LMError(f"{path}: not a run directory and holds none")
+        else:
+            raise LMError(f"{path}: no such run directory")
+        runs.extend(r for r in found if r not in runs)
+    return runs
+
+
+# Measuring a run
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Training tokens (targets) consumed: exact for packed windows (every slot is a real token),
+    else summed from each logged interval's throughput times its duration."""
+    if config.data.mode == "packed":
+        return step * config.train.batch_size * config.model.context_length, True
+    total, before = 0.0, 0.0
+    for r in records:
+        if "tokens_per_s" in r:
+            total += r["tokens_per_s"] * (r["elapsed_s"] - before)
+            before = r["elapsed_s"]
+    return round(total), False
+
+
+def measure_run(
+    run_dir: Path,
+    prompt: str,
+    max_new_tokens: int,
+    eval_batches: int | None,
+    device: str,
+) -> RunResult:
+    """Everything the report shows of one run. ``eval_batches`` bounds the extrapolation
+    evaluation (None: the run's ``train.eval_steps``, the budget of its own validation loss)."""
+    run = load_run(run_dir, device=device)
+    cfg = run.config
+    records = _read_metrics(run_dir)
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
+    if eval_batches is None:
+        eval_batches = cfg.train.eval_steps
+    lengths = [m * cfg.model.context_length for m in EXTRAPOLATION]
+    rows = evaluate_run(run_dir, lengths, device=device, max_batches=eval_batches)
+    tok = run.tokenizer
+    prompt_ids = tok.encode(prompt) or [tok.eod_id]
+    new = generate(run.model, [prompt_ids], max_new_tokens, tok.pad_id, tok.eod_id)[0]
+    tokens, exact = _tokens_seen(cfg, run.step, records)
+    return RunResult(
+        run_dir=run_dir,
+        config=cfg,
+        parameters=run.model.num_parameters(),
+        step=run.step,
+        tokens_seen=tokens,
+        tokens_exact=exact,
+        final_val_loss=vals[-1] if vals else None,
+        best_val_loss=min(vals) if vals else None,
+        tokens_per_s=statistics.median(speeds) if speeds else None,
+        wall_s=elapsed[-1] if elapsed else None,
+        extrapolation=rows,
+        continuation=tok.decode(new),
+        tokenizer_sha256=hashlib.sha256((run_dir / TOKENIZER).read_bytes()).hexdigest(),
+        data_cache=read_state(run.checkpoint).get("data", {}).get("cache"),
+        eval_batches=eval_batches,
+        metrics=records,
+    )
+
+
+def report(
+    run_dirs: list[Path],
+    out_dir: str | Path = DEFAULT_OUT,
+    *,
+    prompt: str | None = None,
+    max_new_tokens: int = 80,
+    eval_batches: int | None = None,
+    device: str = "cpu",
+    log: Callable[[str], None] = print_to_stderr,
+) -> str:
+    """Measure every run and write the report into ``out_dir``; return its Markdown."""
+    if not run_dirs:
+        raise LMError("compare: no runs to report on")
+    prompt = DEFAULT_PROMPT if prompt is None else prompt
+    results = []
+    for run_dir in run_dirs:
+        log(f"compare: evaluating {run_dir}")
+        results.append(measure_run(Path(run_dir), prompt, max_new_tokens, eval_batches, device))
+    markdown = write_report(results, out_dir, prompt, max_new_tokens)
+    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and {len(PICTURES)} pictures")
+    return markdown
+
+
+def compare(
+    paths: list[str],
+    vary: str | None = None,
+    seeds: list[int] | None = None,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    quiet: bool = False,
+    **report_options: Any,
+) -> str:
+    """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
+    of runs that exist (run folders, or folders holding them). Returns the Markdown."""
+    is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
+    log = _quiet if quiet else print_to_stderr
+    if vary is not None or is_config:
+        if not is_config:
+            raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
+        if vary is None:
+            raise ConfigError(
+                f"{paths[0]}: a sweep needs --vary KEY=V1,V2,... (e.g. model.position=rope,alibi)"
+            )
+        key, values = parse_vary(vary)
+        out_dir = Path(out) if out is not None else DEFAULT_OUT
+        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet)
+        return report(runs, out_dir, log=log, **report_options)
+    if seeds is not None or overrides:
+        raise ConfigError("--seeds and --set shape a sweep: use them with CONFIG.yaml --vary")
+    runs = find_runs(paths)
+    if out is not None:
+        out_dir = Path(out)
+    elif len(paths) == 1 and not (Path(paths[0]) / CONFIG).is_file():
+        out_dir = Path(paths[0])  # the sweep folder the runs came from
+    else:
+        out_dir = DEFAULT_OUT
+    return report(runs, out_dir, log=log, **report_options)
