@@ -1,13 +1,29 @@
-"""Config loading: one-line errors naming the key, overrides, every shipped config loads."""
+"""Config loading: one-line errors naming the key, overrides, every shipped config loads, the
+differences between two configs, and every key listed in the README."""
 
+import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from _support import tiny_config
 
-from lm.config import ConfigError, ModelConfig, TrainConfig, load_config, parse_overrides
+from lm.config import (
+    SECTIONS,
+    Config,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    config_diff,
+    flatten,
+    load_config,
+    parse_overrides,
+    save_config,
+)
 from lm.model import TransformerLM
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+ROOT = Path(__file__).parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 def write(tmp_path, text):
@@ -83,3 +99,41 @@ def test_train_config_defaults_are_valid():
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
     assert cfg.model.context_length > 0
+
+
+def test_config_diff_names_each_differing_key_with_both_values_in_declaration_order(tmp_path):
+    a = tiny_config()
+    b = tiny_config(train={"lr": 1e-3, "seed": 8}, model={"position": "alibi", "vocab_size": 99})
+    diff = config_diff(a, b)
+    assert diff == {
+        "model.vocab_size": (None, 99),
+        "model.position": ("rope", "alibi"),
+        "train.lr": (3e-3, 1e-3),
+        "train.seed": (7, 8),
+    }
+    assert list(diff) == ["model.vocab_size", "model.position", "train.lr", "train.seed"]
+    assert config_diff(b, a)["model.position"] == ("alibi", "rope")
+    assert config_diff(a, tiny_config()) == {}
+    save_config(b, tmp_path / "b.yaml")  # a config read back from its YAML is the same config
+    assert config_diff(b, load_config(tmp_path / "b.yaml")) == {}
+
+
+def test_flatten_has_every_key_of_every_section_by_dotted_name():
+    names = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]
+    assert list(flatten(Config())) == names
+
+
+def _readme_key_lists() -> dict[str, set[str]]:
+    """The words of each section's bullet (- `model`: ...) in README.md's Configs section."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Configs\n", 1)[1].split("\n## ", 1)[0]
+    bullets = re.findall(r"^- `(\w+)`:(.*?)(?=^- |^$)", section, re.DOTALL | re.MULTILINE)
+    return {name: set(re.findall(r"\w+", body)) for name, body in bullets}
+
+
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_readme_lists_every_config_key(section):
+    listed = _readme_key_lists()
+    assert section in listed, f"README.md's Configs section has no list of {section} keys"
+    missing = [f.name for f in fields(SECTIONS[section]) if f.name not in listed[section]]
+    assert not missing, f"README.md's Configs section does not list {section}: {missing}"
