@@ -1,0 +1,232 @@
+"""The comparison report rendered from hand-made results: no model, no training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from _support import tiny_config
+from PIL import Image
+
+from lm.config import LMError
+from lm.report import PICTURES, RunResult, labels, render, write_report
+
+PROMPT = "def f"
+SHA = "ab" * 32
+LEARNED_NOTE = "learned positions stop at 32: no vector for longer contexts"
+TOO_LONG = "too long for this test"
+
+
+def result(position: str, seed: int, **measured) -> RunResult:
+    """A run of the tiny config as if trained for 16 steps and measured at 32, 64, 128."""
+    config = tiny_config(model={"position": position}, train={"seed": seed})
+    losses = measured.pop("extrapolation")
+    rows = []
+    for length, loss in zip((32, 64, 128), losses, strict=True):
+        row = {"context_length": length, "trained_context": 32, "loss": loss}
+        if loss is None:
+            row["note"] = LEARNED_NOTE if position == "learned" else TOO_LONG
+        rows.append(row)
+    metrics = [
+        {"step": s, "train_loss": 4.0 - s / 10 - seed / 100, "elapsed_s": s * 2.0 + seed}
+        for s in (5, 10, 15)
+    ] + [{"step": s, "val_loss": 4.0 - s / 8, "elapsed_s": s * 2.0 + seed} for s in (8, 16)]
+    defaults = {
+        "run_dir": Path(f"sweep/position={position}/seed{seed}"),
+        "config": config,
+        "parameters": 28128,
+        "step": 16,
+        "tokens_seen": 16 * 8 * 32,
+        "tokens_exact": True,
+        "tokenizer_sha256": SHA,
+        "data_cache": "/cache/data/0123456789abcdef0123",
+        "eval_batches": 2,
+        "metrics": metrics,
+        "extrapolation": rows,
+        "continuation": f" x{seed}",
+    }
+    return RunResult(**{**defaults, **measured})
+
+
+@pytest.fixture
+def results() -> list[RunResult]:
+    return [
+        result(
+            "rope",
+            1,
+            final_val_loss=2.0,
+            best_val_loss=1.9,
+            tokens_per_s=1000.0,
+            wall_s=30.0,
+            extrapolation=[2.0, 2.5, 3.0],
+            continuation=" x | y\nz",
+        ),
+        result(
+            "rope",
+            2,
+            final_val_loss=2.2,
+            best_val_loss=2.1,
+            tokens_per_s=3000.0,
+            wall_s=90.0,
+            extrapolation=[2.2, 2.5, None],
+        ),
+        result(
+            "learned",
+            1,
+            parameters=29152,
+            tokens_exact=False,
+            tokens_seen=4000,
+            final_val_loss=2.5,
+            best_val_loss=2.4,
+            tokens_per_s=2000.0,
+            wall_s=5.0,
+            extrapolation=[2.5, None, None],
+        ),
+        result(
+            "learned",
+            2,
+            parameters=29152,
+            tokens_exact=False,
+            tokens_seen=4100,
+            final_val_loss=2.5,
+            best_val_loss=2.4,
+            tokens_per_s=None,
+            wall_s=None,
+            extrapolation=[2.5, None, None],
+        ),
+    ]
+
+
+def rows(markdown: str, width: int) -> dict[str, list[list[str]]]:
+    """Markdown table rows of ``width`` cells, by their first cell."""
+    found: dict[str, list[list[str]]] = {}
+    for line in markdown.splitlines():
+        if line.startswith("| "):
+            cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+            if len(cells) == width:
+                found.setdefault(cells[0], []).append(cells)
+    return found
+
+
+def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, tmp_path):
+    markdown = write_report(results, tmp_path, PROMPT, 12)
+    assert markdown == (tmp_path / "report.md").read_text(encoding="utf-8")
+    table = rows(markdown, 12)
+    assert table["position"] == [
+        [
+            "position",
+            "seeds",
+            "parameters",
+            "steps",
+            "tokens seen",
+            "final val loss",
+            "best val loss",
+            "tokens/s",
+            "wall time",
+            "val loss @32 (1×)",
+            "val loss @64 (2×)",
+            "val loss @128 (4×)",
+        ]
+    ]
+    # mean ± sample std over the two seeds; equal values stand alone; any missing one: n/a
+    assert table["rope"] == [
+        [
+            "rope",
+            "2",
+            "28,128",
+            "16",
+            "4,096",
+            "2.1000 ± 0.1414",
+            "2.0000 ± 0.1414",
+            "2,000 ± 1,414",
+            "1m 00s",
+            "2.1000 ± 0.1414",
+            "2.5000",
+            "n/a [1]",
+        ]
+    ]
+    assert table["learned"] == [
+        [
+            "learned",
+            "2",
+            "29,152",
+            "16",
+            "≈4,050",
+            "2.5000",
+            "2.4000",
+            "n/a",
+            "n/a",
+            "2.5000",
+            "n/a [2]",
+            "n/a [2]",
+        ]
+    ]
+    # footnotes: numbered in the order they first appear, each given once
+    assert f"\n[1] {TOO_LONG}\n" in markdown and f"\n[2] {LEARNED_NOTE}\n" in markdown
+    assert markdown.count(LEARNED_NOTE) == 1
+    assert markdown.startswith("# Runs compared by position\n")
+    assert "4 runs: 2 values of position, 2 seed(s) each." in markdown
+    assert f"All 4 runs share one tokenizer (tokenizer.json sha256 `{SHA[:16]}`)" in markdown
+    assert "(`0123456789abcdef0123`)" in markdown
+    assert "on the first 2 batches of the validation split" in markdown
+
+
+def test_every_run_continues_the_prompt_in_one_escaped_cell(results, tmp_path):
+    continuations = rows(write_report(results, tmp_path, PROMPT, 12), 3)
+    assert continuations["position"][0][2].startswith("continuation (12 tokens at most")
+    assert continuations["rope"] == [["rope", "1", "def f x \\| y↵z"], ["rope", "2", "def f x2"]]
+    assert continuations["learned"] == [["learned", "1", "def f x1"], ["learned", "2", "def f x2"]]
+
+
+def test_the_pictures_exist_are_real_images_and_are_linked(results, tmp_path):
+    markdown = write_report(results, tmp_path, PROMPT, 12)
+    for name in PICTURES:
+        with Image.open(tmp_path / name) as image:
+            image.verify()
+        with Image.open(tmp_path / name) as image:
+            assert min(image.size) > 100, name
+        assert f"![{Path(name).stem.replace('_', ' ')}]({name})" in markdown
+
+
+def test_report_json_holds_every_run_s_numbers(results, tmp_path):
+    write_report(results, tmp_path, PROMPT, 12)
+    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert data["compared"] == "position" and data["prompt"] == PROMPT
+    runs = data["runs"]
+    assert [(r["label"], r["seed"]) for r in runs] == [
+        ("rope", 1),
+        ("rope", 2),
+        ("learned", 1),
+        ("learned", 2),
+    ]
+    first = runs[0]
+    assert first["run_dir"] == str(Path("sweep/position=rope/seed1"))
+    assert first["final_val_loss"] == 2.0 and first["tokens_per_s"] == 1000.0
+    assert first["trained_context"] == 32 and first["eval_batches"] == 2
+    assert first["extrapolation"] == results[0].extrapolation
+    assert runs[3]["wall_s"] is None and runs[3]["tokens_exact"] is False
+    assert runs[3]["extrapolation"][1]["note"] == LEARNED_NOTE
+    assert "metrics" not in first and "config" not in first  # they live in the run's own files
+
+
+def test_runs_that_do_not_share_their_data_are_told_apart(results):
+    other = [*results[:3], dataclasses.replace(results[3], tokenizer_sha256="cd" * 32)]
+    markdown, _ = render(other, PROMPT, 12)
+    assert "do not all share their data: 2 distinct tokenizers and 1 token-id caches" in markdown
+
+
+def test_labels_name_what_differs_besides_the_seed():
+    rope, alibi = (tiny_config(model={"position": p}) for p in ("rope", "alibi"))
+    assert labels([rope, alibi]) == ("position", ["rope", "alibi"])
+    seeds = [tiny_config(train={"seed": s}) for s in (1, 2)]
+    assert labels(seeds) == ("run", ["same config", "same config"])
+    two = tiny_config(model={"position": "alibi"}, train={"lr": 1e-3})
+    assert labels([rope, two]) == ("runs", ["position=rope, lr=0.003", "position=alibi, lr=0.001"])
+
+
+def test_no_results_is_an_error_and_writes_nothing(tmp_path):
+    with pytest.raises(LMError, match="no runs to report on"):
+        write_report([], tmp_path / "out", PROMPT, 12)
+    assert not (tmp_path / "out").exists()
