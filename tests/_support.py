@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from lm.config import Config, config_from_dict, merge
+from lm.config import Config, LMError, config_from_dict, merge
 
 TINY: dict[str, dict[str, Any]] = {
     "model": {"context_length": 32, "n_layer": 2, "n_head": 2, "d_model": 32},
@@ -47,6 +48,42 @@ def train_via_cli(root: Path, **train: Any) -> Path:
     cfg = write_config(root / "tiny.yaml", data={"cache_dir": str(root / "cache")}, train=train)
     assert main(["train", str(cfg), "--out", str(root / "run"), "--quiet"]) == 0
     return root / "run"
+
+
+def assert_one_line(error: BaseException | pytest.ExceptionInfo, *words: str) -> str:
+    """A user error as the CLI prints it: an LMError whose message is one non-empty line naming
+    every word. ``error`` is the exception or what ``pytest.raises`` caught; returns the text."""
+    if isinstance(error, pytest.ExceptionInfo):
+        error = error.value
+    assert isinstance(error, LMError), repr(error)
+    message = str(error)
+    assert message and "\n" not in message, message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+def assert_refused(code: int | str | None, err: str, *words: str) -> None:
+    """The command line refused: exit status 2 and one line on standard error (no traceback)
+    naming every word."""
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+
+
+def expect_error(capsys: pytest.CaptureFixture, argv: list[str], *words: str) -> str:
+    """Run ``lm ARGV`` in this process and assert it is refused as :func:`assert_refused` says
+    (argparse's own errors included); returns what it printed on standard error."""
+    from lm.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert_refused(code, err, *words)
+    return err
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:

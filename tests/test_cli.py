@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from _support import metrics, train_via_cli, write_config
+from _support import expect_error, metrics, train_via_cli, write_config
 
 from lm.cli import main
 
@@ -67,9 +67,9 @@ def test_set_overrides_and_their_errors(tmp_path, capsys):
         ("model.heads=2", "model.heads: unknown key"),
         ("nosection=1", "expected SECTION.KEY"),
     ]:
-        code = main(["train", str(cfg), "--out", str(tmp_path / "bad"), "--set", bad])
-        err = capsys.readouterr().err
-        assert code == 2 and message in err and err.count("\n") == 1
+        expect_error(
+            capsys, ["train", str(cfg), "--out", str(tmp_path / "bad"), "--set", bad], message
+        )
     assert not (tmp_path / "bad").exists()
 
 
@@ -85,11 +85,7 @@ def test_set_overrides_and_their_errors(tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        raise SystemExit(main(argv))
-    err = capsys.readouterr().err
-    assert e.value.code == 2
-    assert message in err and err.count("\n") == 1
+    expect_error(capsys, argv, message)
 
 
 def test_python_dash_m_and_help():

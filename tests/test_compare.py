@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from _support import metrics, write_config
+from _support import expect_error, metrics, write_config
 from PIL import Image
 
 from lm.checkpoint import latest_checkpoint
@@ -196,9 +196,7 @@ def test_position_pictures(sweep, tmp_path):
 )
 def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml")
-    code = main(["compare", str(cfg), "--out", str(tmp_path / "out"), *args])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and err.count("\n") == 1
+    expect_error(capsys, ["compare", str(cfg), "--out", str(tmp_path / "out"), *args], message)
     assert not (tmp_path / "out").exists()
 
 
@@ -212,9 +210,7 @@ def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_pa
     ],
 )
 def test_a_folder_that_is_not_a_run_is_one_line_exit_2(argv, message, tmp_path, capsys):
-    code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
-    err = capsys.readouterr().err
-    assert code == 2 and message in err and err.count("\n") == 1
+    expect_error(capsys, [a.replace("{tmp}", str(tmp_path)) for a in argv], message)
 
 
 def test_report_only_from_run_folders(sweep, tmp_path, capsys):

@@ -8,9 +8,10 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from _support import assert_one_line
 
 from lm.batches import PaddedCollator, TrainBatches, eval_batches
-from lm.config import ConfigError, DataConfig, DataError, LMError
+from lm.config import ConfigError, DataConfig, DataError
 from lm.data import TokenizedSplit, prepare_data
 
 
@@ -29,14 +30,6 @@ def documents(split, tokenizer):
         assert split.tokens[b - 1] == tokenizer.eod_id
         texts.append(tokenizer.decode(split.tokens[a : b - 1]))
     return texts
-
-
-def one_line(excinfo, *words):
-    message = str(excinfo.value)
-    assert isinstance(excinfo.value, LMError)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
 
 
 def write_lines(path, lines):
@@ -165,14 +158,14 @@ def test_parquet(tmp_path):
 def test_unknown_builtin_lists_the_builtins():
     with pytest.raises(DataError) as e:
         prepare(source="builtin:shakespeare")
-    one_line(e, "builtin:shakespeare", "builtin:python-docs")
+    assert_one_line(e, "builtin:shakespeare", "builtin:python-docs")
 
 
 def test_hub_id_offline_fails_fast_in_one_line():
     start = time.monotonic()
     with pytest.raises(DataError) as e:
         prepare(source="someone/some-dataset", tokenizer="byte")
-    one_line(e, "someone/some-dataset", "Hub", "offline")
+    assert_one_line(e, "someone/some-dataset", "Hub", "offline")
     assert time.monotonic() - start < 10
 
 
@@ -185,7 +178,7 @@ def test_hub_unreachable_fails_before_any_retry(monkeypatch):
     start = time.monotonic()
     with pytest.raises(DataError) as e:
         prepare(source="someone/some-dataset", tokenizer="byte")
-    one_line(e, "someone/some-dataset", "could not be reached", "HF_HUB_OFFLINE")
+    assert_one_line(e, "someone/some-dataset", "could not be reached", "HF_HUB_OFFLINE")
     assert time.monotonic() - start < 10
 
 
@@ -235,7 +228,7 @@ def test_random_split_needs_two_documents(tmp_path):
     path.write_text("just one document")
     with pytest.raises(DataError) as e:
         prepare(source=str(path), val_split="random")
-    one_line(e, "data.val_split", "only one")
+    assert_one_line(e, "data.val_split", "only one")
 
 
 def test_split_leaving_training_empty(tmp_path):
@@ -243,7 +236,7 @@ def test_split_leaving_training_empty(tmp_path):
     path.write_text("x")
     with pytest.raises(DataError) as e:
         prepare(source=str(path))
-    one_line(e, "data.val_fraction", "training split empty")
+    assert_one_line(e, "data.val_fraction", "training split empty")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,21 +311,21 @@ def test_parallel_tokenization_matches_one_process(tmp_path, monkeypatch):
 def test_missing_path(tmp_path):
     with pytest.raises(DataError) as e:
         prepare(source=str(tmp_path / "nope.txt"))
-    one_line(e, "nope.txt", "no such file")
+    assert_one_line(e, "nope.txt", "no such file")
 
 
 def test_empty_file_and_empty_folder(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(DataError) as e:
         prepare(source=str(tmp_path / "empty.txt"))
-    one_line(e, "empty.txt", "no text")
+    assert_one_line(e, "empty.txt", "no text")
     (tmp_path / "nothing").mkdir()
     with pytest.raises(DataError) as e:
         prepare(source=str(tmp_path / "nothing"))
-    one_line(e, "nothing", "no .txt")
+    assert_one_line(e, "nothing", "no .txt")
     with pytest.raises(DataError) as e:
         prepare(source=str(tmp_path / "nothing" / "*.txt"))
-    one_line(e, "no files match")
+    assert_one_line(e, "no files match")
 
 
 def test_file_that_is_not_utf8(tmp_path):
@@ -341,7 +334,7 @@ def test_file_that_is_not_utf8(tmp_path):
     bad.write_bytes("caf\u00e9\n".encode("latin-1"))
     with pytest.raises(DataError) as e:
         prepare(source=str(tmp_path / "*.txt"))
-    one_line(e, str(bad), "not UTF-8")
+    assert_one_line(e, str(bad), "not UTF-8")
     assert str(good) not in str(e.value)
 
 
@@ -350,10 +343,10 @@ def test_jsonl_record_without_the_text_field(tmp_path):
     path.write_text('{"text": "a"}\n{"body": "b"}\n{"text": "c"}\n')
     with pytest.raises(DataError) as e:
         prepare(source=str(path))
-    one_line(e, str(path), "record 2", "'text'")
+    assert_one_line(e, str(path), "record 2", "'text'")
     with pytest.raises(DataError) as e:
         prepare(source=str(path), text_field="title")
-    one_line(e, str(path), "'title'", "data.text_field")
+    assert_one_line(e, str(path), "'title'", "data.text_field")
 
 
 def test_jsonl_that_is_not_json(tmp_path):
@@ -361,14 +354,14 @@ def test_jsonl_that_is_not_json(tmp_path):
     path.write_text("plain text, not JSON\n")
     with pytest.raises(DataError) as e:
         prepare(source=str(path))
-    one_line(e, str(path), "json")
+    assert_one_line(e, str(path), "json")
 
 
 def test_vocab_too_small_for_the_specials(tmp_path):
     path = write_lines(tmp_path / "a.txt", ["some", "text"])
     with pytest.raises(DataError) as e:
         prepare(source=str(path), tokenizer="bpe", vocab_size=200)
-    one_line(e, "data.vocab_size", "200")
+    assert_one_line(e, "data.vocab_size", "200")
 
 
 def test_tokenizer_path_that_is_not_a_tokenizer(tmp_path):
@@ -376,7 +369,7 @@ def test_tokenizer_path_that_is_not_a_tokenizer(tmp_path):
     bad.write_text('{"hello": "world"}')
     with pytest.raises(DataError) as e:
         prepare(tokenizer=str(bad))
-    one_line(e, str(bad), "not a tokenizer.json")
+    assert_one_line(e, str(bad), "not a tokenizer.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,19 +480,19 @@ def test_padded_epoch_uses_each_chunk_at_most_once_and_reports_its_padding():
 def test_packed_stream_too_short(tmp_path):
     with pytest.raises(DataError) as e:
         TrainBatches(stream(1), PACKED, 64, 4, 1, 99, seed=0)
-    one_line(e, "has 3 tokens", "context_length=64", "66")
+    assert_one_line(e, "has 3 tokens", "context_length=64", "66")
 
 
 def test_padded_split_smaller_than_one_batch():
     with pytest.raises(DataError) as e:
         TrainBatches(stream(3), PADDED, 64, 4, 1, 99, seed=0)
-    one_line(e, "3 padded sequences", "train.batch_size=4")
+    assert_one_line(e, "3 padded sequences", "train.batch_size=4")
 
 
 def test_batch_size_must_split_into_ranks_and_micro_batches():
     with pytest.raises(ConfigError) as e:
         TrainBatches(stream(30), PACKED, 8, 6, 4, 99, seed=0)
-    one_line(e, "train.batch_size", "6")
+    assert_one_line(e, "train.batch_size", "6")
 
 
 # ---------------------------------------------------------------------------------------------

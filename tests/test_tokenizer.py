@@ -4,6 +4,7 @@ import json
 
 import pytest
 import tokenizers
+from _support import assert_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,13 +17,6 @@ CORPUS = [
     "def f(x):\n    return x ** 2  # <eod> and <pad> are plain text here\n",
 ]
 TEXT = "".join(CORPUS)
-
-
-def one_line(excinfo, *words):
-    message = str(excinfo.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
 
 
 @pytest.fixture(scope="module", params=["char", "byte", "bpe"])
@@ -111,13 +105,13 @@ def test_bpe_learns_merges_up_to_vocab_size():
 def test_bpe_vocab_too_small_for_bytes_and_specials():
     with pytest.raises(DataError) as e:
         train_tokenizer("bpe", CORPUS, vocab_size=100)
-    one_line(e, "data.vocab_size", "100", "258")
+    assert_one_line(e, "data.vocab_size", "100", "258")
 
 
 def test_load_missing_file(tmp_path):
     with pytest.raises(DataError) as e:
         TextTokenizer.load(tmp_path / "nope.json")
-    one_line(e, "nope.json", "no such")
+    assert_one_line(e, "nope.json", "no such")
 
 
 @pytest.mark.parametrize("content", ["not json at all", "{}", json.dumps({"model": 3})])
@@ -126,7 +120,7 @@ def test_load_file_that_is_not_a_tokenizer(tmp_path, content):
     path.write_text(content)
     with pytest.raises(DataError) as e:
         TextTokenizer.load(path)
-    one_line(e, str(path), "not a tokenizer.json")
+    assert_one_line(e, str(path), "not a tokenizer.json")
 
 
 def test_load_tokenizer_without_our_specials(tmp_path):
@@ -135,7 +129,7 @@ def test_load_tokenizer_without_our_specials(tmp_path):
     plain.save(str(path))
     with pytest.raises(DataError) as e:
         TextTokenizer.load(path)
-    one_line(e, str(path), PAD, EOD)
+    assert_one_line(e, str(path), PAD, EOD)
 
 
 def test_training_on_dataset_rows_instead_of_text_is_refused():
