@@ -19,7 +19,12 @@ from torch import nn
 
 from lm.attention import LayerKVCache, MultiHeadAttention
 from lm.config import LMError, ModelConfig
-from lm.position import rope_cos_sin, sinusoidal_table
+from lm.position import (
+    positions_from_mask,
+    positions_from_segments,
+    rope_cos_sin,
+    sinusoidal_table,
+)
 
 
 class PositionOutOfRange(LMError):
@@ -79,22 +84,6 @@ class KVCache:
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
         self.real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
         self.length = 0
-
-
-def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
-    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one."""
-    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
-    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
-def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
-    B, L = segment_ids.shape
-    index = torch.arange(L, device=segment_ids.device).expand(B, L)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return index - first
 
 
 class TransformerLM(nn.Module):
