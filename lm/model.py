@@ -74,8 +74,7 @@ class KVCache:
     """Every layer's keys and values, plus what all layers share: which slots hold real tokens
     and at which positions. Slots are filled left to right, ``capacity`` at most.
 
-    The model asks where new tokens go (``next_positions``) and records them (``extend``); only
-    these methods (and each layer's ``append``) change the cache.
+    Only ``extend`` (and each layer's ``append``) changes the cache.
     """
 
     def __init__(self, model: TransformerLM, batch: int, capacity: int):
@@ -89,24 +88,19 @@ class KVCache:
         self._positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
         self._real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
 
-    def next_positions(self, new_mask: torch.Tensor) -> torch.Tensor:
-        """Positions ``[B, T]`` of the next tokens (``new_mask [B, T]``, True = real): each row
-        goes on counting its own real tokens."""
-        return positions_from_mask(new_mask, self._real)
-
-    def extend(
-        self, new_mask: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Record T new slots; return the key mask and key positions of every slot so far,
-        ``[B, length]`` each, for attention."""
+    def extend(self, new_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Record T new slots (``new_mask [B, T]``, True = real). Returns their positions
+        ``[B, T]``, each row counting on from its own real tokens, and the key mask and key
+        positions of every slot so far, ``[B, length]`` each."""
         start, end = self.length, self.length + new_mask.shape[1]
         if end > self._key_mask.shape[1]:
             raise ValueError(f"KV cache holds {self._key_mask.shape[1]} slots; {end} requested")
+        positions = positions_from_mask(new_mask, self._real)
         self._key_mask[:, start:end] = new_mask
         self._positions[:, start:end] = positions
         self._real += new_mask.sum(dim=1)
         self.length = end
-        return self._key_mask[:, :end], self._positions[:, :end]
+        return positions, self._key_mask[:, :end], self._positions[:, :end]
 
 
 class TransformerLM(nn.Module):
@@ -191,10 +185,11 @@ class TransformerLM(nn.Module):
         T = input_ids.shape[1]
         past = cache.length if cache is not None else 0
         # Where each token sits: real tokens counted from 0 (padding and documents respected).
-        if cache is not None:  # each row goes on counting its own real tokens
+        key_positions = None  # the keys' positions are the queries', unless a cache holds more
+        if cache is not None:
             if key_mask is None:
                 key_mask = torch.ones_like(input_ids, dtype=torch.bool)
-            positions = cache.next_positions(key_mask)
+            positions, key_mask, key_positions = cache.extend(key_mask)  # keys: (B, past + T)
         elif segment_ids is not None:
             positions = positions_from_segments(segment_ids)
         elif key_mask is not None:
@@ -203,11 +198,15 @@ class TransformerLM(nn.Module):
             positions = torch.arange(T, device=input_ids.device)
 
         x = self._embed(input_ids, positions, past + T)  # (B, T, d)
-        attn_args = self._attention_args(positions, key_mask, segment_ids, cache)
+        attn = {"positions": positions, "key_mask": key_mask, "key_positions": key_positions}
+        if segment_ids is not None:  # attention stays inside each document: (B, 1, T, T)
+            attn["mask"] = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        if self.config.position == "rope":  # cos and sin computed once, for every layer
+            attn["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
         layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
         maps = []
         for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
-            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn_args)
+            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn)
             maps.append(weights)
         return self.head(self.norm(x)), maps
 
@@ -234,25 +233,6 @@ class TransformerLM(nn.Module):
             # notes' E is this scaled table.
             x = x * self.embed_scale + table[positions].to(self.embed.weight.dtype)
         return self.drop(x)
-
-    def _attention_args(
-        self,
-        positions: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        segment_ids: torch.Tensor | None,
-        cache: KVCache | None,
-    ) -> dict:
-        """What every layer's attention reads: where queries and keys sit, which keys are real,
-        which tokens share a document, and RoPE's cos and sin (computed once for all layers)."""
-        args: dict = {"positions": positions, "key_mask": key_mask}
-        if cache is not None:  # the keys are every slot so far, (B, past + T) each
-            args["key_mask"], args["key_positions"] = cache.extend(key_mask, positions)
-        if segment_ids is not None:
-            same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
-            args["mask"] = same[:, None]  # (B, 1, T, T)
-        if self.config.position == "rope":
-            args["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
-        return args
 
 
 def loss_sum(
