@@ -64,7 +64,7 @@ class LayerKVCache:
         shape = (batch, n_head, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=like.dtype, device=like.device)
         self.v = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        self.length = 0
+        self.length = 0  # slots filled; only append() moves it
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``k, v [B, H, L, d]`` after the cached slots; return all keys and values so far."""
@@ -75,10 +75,6 @@ class LayerKVCache:
         self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
-
-
-def _key_mask_4d(key_mask: torch.Tensor) -> torch.Tensor:
-    return key_mask[:, None, None, :]  # (B, 1, 1, Lk): the same keys blocked for every query
 
 
 class MultiHeadAttention(nn.Module):
@@ -121,9 +117,6 @@ class MultiHeadAttention(nn.Module):
         if position == "alibi":
             self.register_buffer("slopes", alibi_slopes(n_head), persistent=False)
 
-    def _heads(self, t: torch.Tensor) -> torch.Tensor:
-        return t.unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)  # (B, H, L, d_k)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -146,80 +139,98 @@ class MultiHeadAttention(nn.Module):
         precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask, broadcastable
         to ``[B, H, Lq, Lc]``. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
         """
+        q, k, v = self._project(x, context)  # (B, H, Lq, d_k), (B, H, Lc, d_k), (B, H, Lc, d_k)
+
+        # Place: new keys sit where their tokens sit, with the queries or at 0..Lc-1 in a context.
+        past = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + q.shape[2], device=x.device)
+        new_key_positions = (
+            positions if context is None else torch.arange(k.shape[2], device=x.device)
+        )
+        if key_positions is None:
+            if past and self.position == "alibi":
+                raise ValueError("with a filled cache, pass key_positions for every cached key")
+            key_positions = new_key_positions
+        if self.position == "rope" and rope is not None and context is None:
+            q, k = rotate_pairs(q, *rope), rotate_pairs(k, *rope)  # cos, sin at these positions
+        elif self.position == "rope":
+            q = apply_rope(q, positions, self.rope_base)
+            k = apply_rope(k, new_key_positions, self.rope_base)
+
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, Lk, d_k): the cached keys, then the new ones
+
+        # Mask: which keys each query may read, then the score bias (ALiBi).
+        Lq, Lk = q.shape[2], k.shape[2]
+        if key_mask is not None:
+            mask = _and(mask, key_mask[:, None, None, :])  # (B, 1, 1, Lk): same for every query
+        explicit = self.kernel == "math" or need_weights
+        # The common training case needs no mask tensor at all: the kernel's own causal path.
+        kernel_causal = causal and Lq == Lk and mask is None and not explicit
+        kernel_causal = kernel_causal and self.position != "alibi"
+        allowed, empty = _allowed(mask, causal and not kernel_causal, Lq, Lk, x.device)
+        bias = None
+        if self.position == "alibi":
+            bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)  # (B|1, H, Lq, Lk)
+        if explicit or bias is not None:  # additive: -inf where blocked, plus the bias
+            allowed = _float_mask(allowed, bias, q.dtype)
+
+        y, weights = self._attend(q, k, v, allowed, kernel_causal, explicit)  # (B, H, Lq, d_k)
+        if empty is not None:  # a query with no key to read gets a zero output, never NaN
+            y = y.masked_fill(empty, 0.0)
+            weights = None if weights is None else weights.masked_fill(empty, 0.0)
+        y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
+        return self.out(y), weights
+
+    def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:
+        """``Q = X W_Q^T``, ``K = C W_K^T``, ``V = C W_V^T`` (``C = X`` unless cross-attention)."""
         d = self.d_model
         if context is None:
-            q, k, v = self.qkv(x).split(d, dim=-1)
+            qkv = self.qkv(x).split(d, dim=-1)  # (B, L, d) each, from one matmul
         else:
             w, b = self.qkv.weight, self.qkv.bias
             q = F.linear(x, w[:d], None if b is None else b[:d])
-            k, v = F.linear(context, w[d:], None if b is None else b[d:]).split(d, dim=-1)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)  # (B, H, L, d_k)
-        Lq = q.shape[2]
-        past = cache.length if cache is not None else 0
+            qkv = (q, *F.linear(context, w[d:], None if b is None else b[d:]).split(d, dim=-1))
+        return [t.unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2) for t in qkv]
 
-        if self.position in ("rope", "alibi"):
-            if positions is None:
-                positions = torch.arange(past, past + Lq, device=x.device)
-            # New keys sit where their tokens sit: at the queries' positions in self-attention.
-            new_key_positions = (
-                positions if context is None else torch.arange(k.shape[2], device=x.device)
-            )
-            if key_positions is None:
-                if cache is not None and cache.length > 0:
-                    raise ValueError("with a filled cache, pass key_positions for every cached key")
-                key_positions = new_key_positions
-        if self.position == "rope":
-            if rope is not None and context is None:
-                cos, sin = rope
-                q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
-            else:
-                q = apply_rope(q, positions, self.rope_base)
-                k = apply_rope(k, new_key_positions, self.rope_base)
-
-        if cache is not None:
-            k, v = cache.append(k, v)
-        Lk = k.shape[2]
-
-        # The common training case needs no mask tensor at all: the kernel's own causal path.
-        fast_causal = causal and Lq == Lk and mask is None and key_mask is None
-        fast_causal = fast_causal and self.position != "alibi" and self.kernel == "sdpa"
-        fast_causal = fast_causal and not need_weights
-        allowed = mask
-        if key_mask is not None:
-            allowed = _and(allowed, _key_mask_4d(key_mask))
-        if causal and not fast_causal and not (Lq == 1 and allowed is None):
-            offset = Lk - Lq  # the queries occupy the last Lq slots
-            causal_allowed = torch.ones(Lq, Lk, dtype=torch.bool, device=x.device).tril(offset)
-            allowed = _and(allowed, causal_allowed)
-
-        empty = None
-        if allowed is not None and (key_mask is not None or mask is not None):
-            empty = ~allowed.any(dim=-1, keepdim=True)  # rows with nothing to attend to
-            allowed = allowed | empty  # keep the kernel finite; those rows are zeroed below
-        scores_bias = None
-        if self.position == "alibi":
-            scores_bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)
-
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        explicit: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``Y = softmax(S + M) V``, written out (it also returns ``A``) or by the fused kernel;
+        dropout acts on the weights ``A`` in both."""
         dropout = self.dropout if self.training else 0.0
-        weights = None
-        if self.kernel == "math" or need_weights:
-            full = _float_mask(allowed, scores_bias, q.dtype)
-            y, weights = attention(q, k, v, full)
-            if dropout:
-                y = F.dropout(weights, dropout) @ v
-        elif fast_causal:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        else:
-            attn_mask = (
-                allowed if scores_bias is None else _float_mask(allowed, scores_bias, q.dtype)
+        if not explicit:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal
             )
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        if empty is not None:
-            y = y.masked_fill(empty, 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(empty, 0.0)
-        y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
-        return self.out(y), weights
+            return y, None
+        y, weights = attention(q, k, v, mask)
+        if dropout:
+            y = F.dropout(weights, dropout) @ v
+        return y, weights
+
+
+def _allowed(
+    mask: torch.Tensor | None, causal: bool, Lq: int, Lk: int, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Which keys each query may read (boolean, broadcastable to ``[B, H, Lq, Lk]``; None: all),
+    and the rows a ``mask`` left with none (``[..., Lq, 1]``), which read every key so that the
+    kernel stays finite and are zeroed afterwards."""
+    allowed = mask
+    if causal and not (Lq == 1 and mask is None):  # a lone last query may read every key
+        # The queries occupy the last Lq slots: query i reads keys up to slot Lk - Lq + i.
+        allowed = _and(mask, torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril(Lk - Lq))
+    if mask is None:
+        return allowed, None  # causality alone leaves every query its own key
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    return allowed | empty, empty
 
 
 def _and(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,12 @@ from torch import nn
 
 from lm.attention import LayerKVCache, MultiHeadAttention
 from lm.config import LMError, ModelConfig
-from lm.position import rope_cos_sin, sinusoidal_table
+from lm.position import (
+    positions_from_mask,
+    positions_from_segments,
+    rope_cos_sin,
+    sinusoidal_table,
+)
 
 
 class PositionOutOfRange(LMError):
@@ -67,7 +72,10 @@ class Block(nn.Module):
 
 class KVCache:
     """Every layer's keys and values, plus what all layers share: which slots hold real tokens
-    and at which positions. Slots are filled left to right, ``capacity`` at most."""
+    and at which positions. Slots are filled left to right, ``capacity`` at most.
+
+    Only ``extend`` (and each layer's ``append``) changes the cache.
+    """
 
     def __init__(self, model: TransformerLM, batch: int, capacity: int):
         like = next(model.parameters())
@@ -75,26 +83,24 @@ class KVCache:
         self.layers = [
             LayerKVCache(batch, cfg.n_head, capacity, cfg.head_dim, like) for _ in model.blocks
         ]
-        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
-        self.real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
-        self.length = 0
+        self.length = 0  # slots filled
+        self._key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
+        self._positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
+        self._real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
 
-
-def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
-    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one."""
-    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
-    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
-def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
-    B, L = segment_ids.shape
-    index = torch.arange(L, device=segment_ids.device).expand(B, L)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return index - first
+    def extend(self, new_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Record T new slots (``new_mask [B, T]``, True = real). Returns their positions
+        ``[B, T]``, each row counting on from its own real tokens, and the key mask and key
+        positions of every slot so far, ``[B, length]`` each."""
+        start, end = self.length, self.length + new_mask.shape[1]
+        if end > self._key_mask.shape[1]:
+            raise ValueError(f"KV cache holds {self._key_mask.shape[1]} slots; {end} requested")
+        positions = positions_from_mask(new_mask, self._real)
+        self._key_mask[:, start:end] = new_mask
+        self._positions[:, start:end] = positions
+        self._real += new_mask.sum(dim=1)
+        self.length = end
+        return positions, self._key_mask[:, :end], self._positions[:, :end]
 
 
 class TransformerLM(nn.Module):
@@ -177,72 +183,56 @@ class TransformerLM(nn.Module):
         need_weights: bool,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         T = input_ids.shape[1]
-        device = input_ids.device
         past = cache.length if cache is not None else 0
-
         # Where each token sits: real tokens counted from 0 (padding and documents respected).
+        key_positions = None  # the keys' positions are the queries', unless a cache holds more
         if cache is not None:
-            new_mask = key_mask if key_mask is not None else torch.ones_like(input_ids, dtype=bool)
-            positions = positions_from_mask(new_mask, cache.real)
+            if key_mask is None:
+                key_mask = torch.ones_like(input_ids, dtype=torch.bool)
+            positions, key_mask, key_positions = cache.extend(key_mask)  # keys: (B, past + T)
         elif segment_ids is not None:
             positions = positions_from_segments(segment_ids)
         elif key_mask is not None:
             positions = positions_from_mask(key_mask)
         else:
-            positions = torch.arange(T, device=device)
+            positions = torch.arange(T, device=input_ids.device)
 
-        x = self.embed(input_ids)  # (B, T, d)
-        if self.config.position == "sinusoidal":
-            # The fixed sinusoids have entries of size ~1; scaling the embedding by sqrt(d) (as
-            # Vaswani et al. do) keeps a token's identity from drowning in its position. The
-            # notes' E is this scaled table: x_l = E[w_l] + p_l.
-            x = x * self.embed_scale
-        if self.config.position in ("learned", "sinusoidal"):
-            x = x + self._absolute_positions(positions, past + T)
-        x = self.drop(x)
-
-        attn_args: dict = {"positions": positions}
-        if cache is not None:
-            end = past + T
-            cache.key_mask[:, past:end] = new_mask
-            cache.positions[:, past:end] = positions
-            cache.real += new_mask.sum(dim=1)
-            cache.length = end
-            attn_args["key_mask"] = cache.key_mask[:, :end]
-            attn_args["key_positions"] = cache.positions[:, :end]
-        elif key_mask is not None:
-            attn_args["key_mask"] = key_mask
-        if segment_ids is not None:
-            same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
-            attn_args["mask"] = same[:, None]
-        if self.config.position == "rope":
-            attn_args["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
-
+        x = self._embed(input_ids, positions, past + T)  # (B, T, d)
+        attn = {"positions": positions, "key_mask": key_mask, "key_positions": key_positions}
+        if segment_ids is not None:  # attention stays inside each document: (B, 1, T, T)
+            attn["mask"] = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        if self.config.position == "rope":  # cos and sin computed once, for every layer
+            attn["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
+        layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
         maps = []
-        for i, block in enumerate(self.blocks):
-            layer_cache = cache.layers[i] if cache is not None else None
-            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn_args)
-            if need_weights:
-                maps.append(weights)
+        for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
+            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn)
+            maps.append(weights)
         return self.head(self.norm(x)), maps
 
-    def _absolute_positions(self, positions: torch.Tensor, top: int) -> torch.Tensor:
-        """The additive position vectors ``p_l``, ``[T, d]`` or ``[B, T, d]``.
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor, top: int) -> torch.Tensor:
+        """``x_l = E[w_l] + p_l`` (``p_l`` for the additive schemes only), ``[B, T, d]``.
 
         ``top`` bounds the positions from above (slots so far) without reading the tensor, which
         would stall a GPU.
         """
+        x = self.embed(input_ids)
         if self.config.position == "learned":
             if top > self.config.context_length:
                 raise PositionOutOfRange(
                     f"learned positions cover 0..{self.config.context_length - 1}; position "
                     f"{top - 1} has no trained vector (use a shorter context)"
                 )
-            return self.pos_embed(positions)
-        table = self.sinusoids
-        if top > table.shape[0]:  # fixed sinusoids extend to any length
-            table = sinusoidal_table(top, self.config.d_model, device=table.device)
-        return table[positions].to(self.embed.weight.dtype)
+            x = x + self.pos_embed(positions)
+        elif self.config.position == "sinusoidal":
+            table = self.sinusoids
+            if top > table.shape[0]:  # fixed sinusoids extend to any length
+                table = sinusoidal_table(top, self.config.d_model, device=table.device)
+            # The fixed sinusoids have entries of size ~1; scaling the embedding by sqrt(d) (as
+            # Vaswani et al. do) keeps a token's identity from drowning in its position. The
+            # notes' E is this scaled table.
+            x = x * self.embed_scale + table[positions].to(self.embed.weight.dtype)
+        return self.drop(x)
 
 
 def loss_sum(

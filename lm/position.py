@@ -11,6 +11,9 @@ Two of the five are the notes' own:
 The others make the comparison complete: ``learned`` (a learned absolute table, as GPT-2),
 ``alibi`` (a per-head linear distance penalty on the scores; Press et al. 2022, "Train Short,
 Test Long") and ``none`` (no position signal; only the causal mask breaks permutation symmetry).
+
+Every scheme counts real tokens only: padding takes no position and each packed document starts
+again at 0 (``positions_from_mask``, ``positions_from_segments``).
 """
 
 from __future__ import annotations
@@ -80,6 +83,25 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) 
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     cos, sin = rope_cos_sin(positions, x.shape[-1], base, dtype)
     return rotate_pairs(x, cos, sin)
+
+
+def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
+    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one.
+
+    ``start`` (an int or ``[B]``) is each row's count of real tokens before these, for decoding.
+    """
+    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
+    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
+    B, L = segment_ids.shape
+    index = torch.arange(L, device=segment_ids.device).expand(B, L)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

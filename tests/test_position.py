@@ -5,7 +5,14 @@ import math
 import torch
 
 from lm.attention import MultiHeadAttention
-from lm.position import alibi_bias, alibi_slopes, apply_rope, sinusoidal_table
+from lm.position import (
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    positions_from_mask,
+    positions_from_segments,
+    sinusoidal_table,
+)
 
 
 def test_sinusoid_table_matches_the_formula():
@@ -74,3 +81,14 @@ def test_alibi_slopes_and_bias():
     b = alibi_bias(alibi_slopes(2), torch.arange(3), torch.arange(3))
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
+
+
+def test_positions_count_real_tokens_only_and_restart_at_each_document():
+    key_mask = torch.tensor([[False, False, True, True, True], [True, True, True, False, False]])
+    # Left pads take the position of the first real token; right pads that of the next one.
+    assert positions_from_mask(key_mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]]
+    # Decoding on: each row continues after its own count of real tokens.
+    ones = torch.ones(2, 2, dtype=torch.bool)
+    assert positions_from_mask(ones, torch.tensor([3, 5])).tolist() == [[3, 4], [5, 6]]
+    segments = torch.tensor([[0, 0, 0, 1, 1, 2], [4, 4, 4, 4, 4, 4]])
+    assert positions_from_segments(segments).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]

@@ -68,6 +68,33 @@ def test_kv_cache_logits_equal_full_forward():
         torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
 
 
+def test_kv_cache_continues_each_row_and_refuses_to_overflow():
+    from lm.model import KVCache
+
+    model = random_model("alibi")
+    mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    cache = KVCache(model, 2, 6)
+    positions, _, _ = cache.extend(mask)
+    assert positions.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    # Each row goes on counting its own real tokens: 2 in the left-padded row, 4 in the other.
+    positions, key_mask, key_positions = cache.extend(torch.ones(2, 1, dtype=torch.bool))
+    assert positions.tolist() == [[2], [4]] and cache.length == 5
+    assert key_mask.tolist() == [[False, False, True, True, True], [True] * 5]
+    assert key_positions.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="holds 6 slots; 7 requested"):
+        cache.extend(torch.ones(2, 2, dtype=torch.bool))
+    assert cache.length == 5  # the refused call recorded nothing
+
+    ids, nxt = torch.randint(1, 30, (2, 4)), torch.randint(1, 30, (2, 2))
+    cache = KVCache(model, 2, 6)
+    model(ids, key_mask=mask, cache=cache)
+    with pytest.raises(ValueError, match="holds 6 slots; 7 requested"):
+        model(torch.randint(1, 30, (2, 3)), cache=cache)
+    full_mask = torch.cat([mask, torch.ones_like(nxt, dtype=torch.bool)], dim=1)
+    full = model(torch.cat([ids, nxt], dim=1), key_mask=full_mask)
+    torch.testing.assert_close(model(nxt, cache=cache), full[:, 4:], atol=1e-5, rtol=1e-4)
+
+
 def test_sampling_is_reproducible_with_a_seed(run):
     tok = run.tokenizer
     kw = dict(temperature=1.0, top_k=10)
