@@ -64,12 +64,18 @@ def resident_mb() -> float | None:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``train.compile``: true, false, or None (left out) for auto, which compiles on CUDA only."""
+    return setting if setting is not None else device.type == "cuda"
+
+
 def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
     from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps.
     At nanoGPT's CPU shape a step takes 29.7 ms compiled against 32.4 eager (README,
     scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and needs a
-    C++ compiler, as any Inductor build on CPU does; so ``train.compile: auto`` stays eager there.
+    C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto) stays
+    eager there.
     """
     if device.type != "cpu":
         return torch.compile(model)

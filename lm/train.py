@@ -44,6 +44,7 @@ from lm.runs import CONFIG, METRICS, TOKENIZER, RunLock, clear_run, refuse_to_cl
 from lm.runtime import (
     StopSignals,
     autocast_context,
+    compile_enabled,
     compile_model,
     resident_mb,
     resolve_device,
@@ -214,8 +215,7 @@ def _build(run: _Run) -> _Net:
     optimizer = build_optimizer(raw_model, tc, device)
     dtype = resolve_dtype(tc.dtype, device, run.config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    compile_on = tc.compile == "true" or (tc.compile == "auto" and device.type == "cuda")
-    model = compile_model(raw_model, device) if compile_on else raw_model
+    model = compile_model(raw_model, device) if compile_enabled(tc.compile, device) else raw_model
     if world.distributed:
         ids = [device.index] if device.type == "cuda" else None
         model = DistributedDataParallel(model, device_ids=ids)

@@ -30,7 +30,7 @@ TINY: dict[str, dict[str, Any]] = {
         "log_every": 5,
         "device": "cpu",
         "dtype": "fp32",
-        "compile": "false",
+        "compile": False,
         "seed": 7,
     },
 }
