@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +31,6 @@ from lm.config import LMError
 
 CHECKPOINTS = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})$")
-# Tests make the write window wide enough to kill the process inside it.
-SLOW_WRITE_ENV = "LM_CHECKPOINT_SLOW_WRITE"
 
 
 class CheckpointError(LMError):
@@ -128,19 +125,16 @@ def save_checkpoint(
     root = Path(run_dir) / CHECKPOINTS
     final = root / checkpoint_name(step)
     tmp = root / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
-    delay = float(os.environ.get(SLOW_WRITE_ENV, "0") or 0)
     try:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
         save_model(model, str(tmp / "model.safetensors"))
-        time.sleep(delay)
         meta: dict[str, Any] = {}
         if optimizer is not None:
             tensors, meta = _flatten_optimizer(optimizer.state_dict())
             save_file(tensors, str(tmp / "optimizer.safetensors"))
-            time.sleep(delay)
         # Checksums: a flipped bit inside tensor data is otherwise undetectable.
         sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
         payload = {"step": step, "optimizer": meta, "sha256": sums, **state}

@@ -224,8 +224,8 @@ def _read_prompts(raw: list[str]) -> list[str]:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from lm.runs import load_run
+    from lm.runtime import resolve_device
     from lm.sample import generate
-    from lm.train import resolve_device
 
     device = resolve_device(args.device)
     run = load_run(args.run_dir, args.checkpoint, str(device))
@@ -261,7 +261,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from lm.evaluate import evaluate_run, format_table
-    from lm.train import resolve_device
+    from lm.runtime import resolve_device
 
     device = resolve_device(args.device)
     rows = evaluate_run(
@@ -278,8 +278,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from lm.runtime import resolve_device
     from lm.sweep import compare
-    from lm.train import resolve_device
 
     markdown = compare(
         args.paths,
@@ -299,7 +299,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_attention(args: argparse.Namespace) -> int:
     from lm.diagnostics import draw_attention
-    from lm.train import resolve_device
+    from lm.runtime import resolve_device
 
     device = str(resolve_device(args.device))
     picture = draw_attention(args.run_dir, args.text, args.layer, args.head, args.out, device)
@@ -309,7 +309,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 def _cmd_positions(args: argparse.Namespace) -> int:
     from lm.diagnostics import draw_sinusoids, score_by_offset
-    from lm.train import resolve_device
+    from lm.runtime import resolve_device
 
     if args.run_dir is None:
         path = draw_sinusoids(args.d or 4, args.length or 16, args.out or "sinusoids.png")

@@ -182,7 +182,6 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")
 OPTIMIZERS = ("adamw", "muon")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
-COMPILE = ("auto", "true", "false")
 ON_NONFINITE = ("stop", "skip")
 
 
@@ -233,8 +232,8 @@ class TrainConfig:
     """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
     dtype: str = "auto"
     """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
-    compile: str = "auto"
-    """torch.compile the model: auto (on CUDA) | true | false."""
+    compile: bool | None = None
+    """torch.compile the model: true | false; left out (null), it compiles on CUDA only."""
     on_nonfinite: str = "stop"
     """On a NaN/inf loss or gradient: stop (keep the last good checkpoint) | skip the update."""
     on_checkpoint_error: str = "stop"
@@ -244,13 +243,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         s = "train"
-        if isinstance(self.compile, bool):
-            object.__setattr__(self, "compile", "true" if self.compile else "false")
         _choice(s, "schedule", self.schedule, SCHEDULES)
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         _choice(s, "device", self.device, DEVICES)
         _choice(s, "dtype", self.dtype, DTYPES)
-        _choice(s, "compile", self.compile, COMPILE)
+        if self.compile is not None and not isinstance(self.compile, bool):  # (from Python)
+            raise ConfigError(f"train.compile: expected true, false or None, got {self.compile!r}")
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
@@ -308,10 +306,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
         if t is str and isinstance(value, str):
             return value
-    if key == "train.compile" and isinstance(value, bool):
-        return value
     wanted = " or ".join(_TYPE_WORDS[t] for t in options if t in _TYPE_WORDS)
-    return _raise(f"{key}: expected {wanted}, got {value!r}")
+    # Every optional key defaults to None, so null and leaving the key out are the same.
+    default = " (or leave it out: null)" if type(None) in options else ""
+    return _raise(f"{key}: expected {wanted}, got {value!r}{default}")
 
 
 def _raise(message: str) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,8 +23,8 @@ from typing import Any
 
 import torch
 
-from lm.checkpoint import CheckpointError, latest_checkpoint, load_weights, read_state
-from lm.config import Config, LMError, load_config
+from lm.checkpoint import CHECKPOINTS, CheckpointError, latest_checkpoint, load_weights, read_state
+from lm.config import Config, LMError, load_config, save_config
 from lm.model import TransformerLM
 from lm.tokenizer import TextTokenizer
 
@@ -101,6 +102,33 @@ def _alive(owner: dict[str, Any]) -> bool:
     except (PermissionError, ValueError, KeyError, TypeError):
         return True
     return True
+
+
+def refuse_to_clobber(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Nothing in ``run_dir`` changes unless the user asked: a run there needs --resume or
+    --overwrite."""
+    existing = latest_checkpoint(run_dir)
+    has_run = existing is not None or (run_dir / METRICS).exists()
+    if has_run and not (resume or overwrite):
+        where = f"checkpoint {existing.name}" if existing is not None else "metrics.jsonl"
+        raise LMError(
+            f"{run_dir} already holds a run ({where}); pass --resume to continue it "
+            "or --overwrite to start again"
+        )
+
+
+def clear_run(run_dir: Path) -> None:
+    """Remove what an earlier run wrote (the lock stays)."""
+    shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
+    for name in (METRICS, CONFIG, TOKENIZER, PROVENANCE, "eval.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def write_record(run_dir: Path, config: Config, tokenizer: TextTokenizer) -> None:
+    """The run's config as trained, its tokenizer, and where it came from."""
+    save_config(config, run_dir / CONFIG)
+    tokenizer.save(run_dir / TOKENIZER)
+    (run_dir / PROVENANCE).write_text(json.dumps(provenance(), indent=2) + "\n")
 
 
 def provenance() -> dict[str, Any]:

@@ -35,14 +35,9 @@ from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World
 from lm.model import TransformerLM
 from lm.optim import build_optimizer
+from lm.runtime import autocast_context, compile_model, resolve_device, retain_freed_host_memory
 from lm.sample import generate
-from lm.train import (
-    Stepper,
-    autocast_context,
-    compile_model,
-    resolve_device,
-    retain_freed_host_memory,
-)
+from lm.step import Stepper
 
 # name: (model shape, sequences per step)
 SHAPES: dict[str, tuple[dict, int]] = {

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
 
+import lm.step
+from lm.batches import TrainBatches
 from lm.config import Config, LMError, config_from_dict, merge
 
 TINY: dict[str, dict[str, Any]] = {
@@ -26,7 +31,7 @@ TINY: dict[str, dict[str, Any]] = {
         "log_every": 5,
         "device": "cpu",
         "dtype": "fp32",
-        "compile": "false",
+        "compile": False,
         "seed": 7,
     },
 }
@@ -84,6 +89,28 @@ def expect_error(capsys: pytest.CaptureFixture, argv: list[str], *words: str) ->
     err = capsys.readouterr().err
     assert_refused(code, err, *words)
     return err
+
+
+@contextlib.contextmanager
+def nan_loss_at_step(step: int) -> Iterator[None]:
+    """While open, the training loss of optimizer step ``step`` (0-based) is NaN, and through it
+    the step's gradients, as in a diverging run. Patched from outside, in this process."""
+    current = {"step": -1}
+    batches_of, loss_sum = TrainBatches.step, lm.step.loss_sum
+
+    def step_batches(self: TrainBatches, i: int) -> Any:
+        current["step"] = i
+        return batches_of(self, i)
+
+    def poisoned_loss_sum(*args: Any, **kwargs: Any) -> Any:
+        loss = loss_sum(*args, **kwargs)
+        return loss * float("nan") if current["step"] == step else loss
+
+    with (
+        mock.patch.object(TrainBatches, "step", step_batches),
+        mock.patch.object(lm.step, "loss_sum", poisoned_loss_sum),
+    ):
+        yield
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:

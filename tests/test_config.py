@@ -54,6 +54,10 @@ def test_model_config_works_from_python():
         ("model:\n  position: xpos\n", "model.position: 'xpos' is not one of rope, sinusoidal"),
         ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, math"),
         ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
+        (
+            "train:\n  compile: auto\n",
+            "train.compile: expected true or false, got 'auto' (or leave it out: null)",
+        ),
         ("train:\n  batch_size: 10\n  grad_accum: 3\n", "train.grad_accum: batch_size=10"),
         ("optim:\n  lr: 1\n", "optim: unknown section"),
         ("model: 3\n", "model: expected a mapping"),
@@ -76,7 +80,8 @@ def test_overrides_use_dotted_keys_last_wins_and_same_validation(tmp_path):
     assert cfg.model.position == "sinusoidal" and cfg.model.n_layer == 2
     assert cfg.train.lr == 5e-4
     assert load_config(p, ["train.eval_steps=~"]).train.eval_steps is None
-    assert load_config(p, ["train.compile=true"]).train.compile == "true"
+    assert load_config(p, ["train.compile=true"]).train.compile is True
+    assert load_config(p, ["train.compile=~"]).train.compile is None
     with pytest.raises(ConfigError, match=r"model\.n_head: expected an integer"):
         load_config(p, ["model.n_head=abc"])
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import random
 import signal
 import subprocess
@@ -14,21 +13,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support import losses, metrics, tiny_config, write_config
+from _support import losses, metrics, nan_loss_at_step, tiny_config, write_config
 from safetensors.torch import load_file
 
 import lm.checkpoint
-from lm.checkpoint import CHECKPOINTS, SLOW_WRITE_ENV, complete_checkpoints, latest_checkpoint
+from lm.checkpoint import CHECKPOINTS, complete_checkpoints, latest_checkpoint
 from lm.runs import LOCK, RunLocked, load_run
-from lm.train import INJECT_NONFINITE_ENV, train
+from lm.train import train
 
 KILL_TRAIN = {"max_steps": 48, "checkpoint_every": 4, "eval_every": 24, "log_every": 1}
+SLOW_LAUNCHER = Path(__file__).parent / "slow_launcher.py"
 
 
 def start(config: Path, run_dir: Path, *extra: str, slow_write: float = 0.0) -> subprocess.Popen:
-    env = {**os.environ, SLOW_WRITE_ENV: str(slow_write)}
-    cmd = [sys.executable, "-m", "lm", "train", str(config), "--out", str(run_dir), "--quiet"]
-    return subprocess.Popen([*cmd, *extra], env=env, stderr=subprocess.PIPE, text=True)
+    """``lm train`` in a subprocess; with ``slow_write``, each checkpoint file takes that long."""
+    lm = [str(SLOW_LAUNCHER), str(slow_write)] if slow_write else ["-m", "lm"]
+    cmd = [sys.executable, *lm, "train", str(config), "--out", str(run_dir), "--quiet"]
+    return subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
@@ -167,20 +168,20 @@ def test_a_failing_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch
     assert latest_checkpoint(tmp_path / "go-on").name == "step_00000020"
 
 
-def test_nonfinite_loss_stops_at_its_step_keeping_the_last_good_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(INJECT_NONFINITE_ENV, "7")  # 0-based: the 8th optimizer step
+def test_nonfinite_loss_stops_at_its_step_keeping_the_last_good_checkpoint(tmp_path):
     cfg = tiny_config(train={"max_steps": 20, "checkpoint_every": 5})
-    result = train(cfg, tmp_path / "run", quiet=True)
+    with nan_loss_at_step(7):  # 0-based: the 8th optimizer step
+        result = train(cfg, tmp_path / "run", quiet=True)
     assert result.status == "nonfinite" and "step 8" in result.message
     assert latest_checkpoint(tmp_path / "run").name == "step_00000005"
     run = load_run(tmp_path / "run")
     assert all(torch.isfinite(p).all() for p in run.model.parameters())
 
 
-def test_nonfinite_loss_can_be_skipped_and_is_counted(tmp_path, monkeypatch):
-    monkeypatch.setenv(INJECT_NONFINITE_ENV, "7")
+def test_nonfinite_loss_can_be_skipped_and_is_counted(tmp_path):
     cfg = tiny_config(train={"max_steps": 20, "on_nonfinite": "skip", "log_every": 1})
-    result = train(cfg, tmp_path / "run", quiet=True)
+    with nan_loss_at_step(7):
+        result = train(cfg, tmp_path / "run", quiet=True)
     assert result.status == "done"
     by_step = {m["step"]: m for m in metrics(tmp_path / "run") if "nonfinite_skips" in m}
     assert by_step[7]["nonfinite_skips"] == 0 and by_step[8]["nonfinite_skips"] == 1

@@ -1,0 +1,137 @@
+"""Where and how training runs: device, autocast dtype, ``torch.compile``, host memory, signals.
+
+A leaf module (it imports only ``torch`` and the config), so that ``lm sample``, ``lm eval`` and
+the scripts pick a device or a dtype without loading the training loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import threading
+from typing import Any
+
+import torch
+
+from lm.config import ConfigError, ModelConfig
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device: cuda requested but no CUDA device is available")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("train.device: mps requested but MPS is not available")
+    return torch.device(name)
+
+
+def retain_freed_host_memory() -> bool:
+    """Keep freed CPU memory in the process for the next step instead of returning it to the OS.
+
+    glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
+    so each step's activations come back as fresh pages the kernel must fault in and zero: 966
+    page faults a step at nanoGPT's CPU shape, against 34 with the settings below, and a step
+    about 5% shorter (README, scripts/bench.py --malloc-default). A step then reuses the memory
+    the previous one freed; the peak is unchanged. Returns whether the C library took the
+    settings (glibc does; others have no ``mallopt``).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    # Blocks up to 1 GiB come from the heap (bigger ones are mapped), and the heap is never
+    # trimmed: with a 1 GiB trim threshold GPT-2 small still faulted in ~470k pages a step.
+    mapped = mallopt(m_mmap_threshold, 1 << 30)
+    return bool(mapped) and bool(mallopt(m_trim_threshold, -1))  # -1: never trim
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MiB (Linux), logged so that growth shows."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def compile_enabled(setting: bool | None, device: torch.device) -> bool:
+    """``train.compile``: true, false, or None (left out) for auto, which compiles on CUDA only."""
+    return setting if setting is not None else device.type == "cuda"
+
+
+def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
+    from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps.
+    At nanoGPT's CPU shape a step takes 29.7 ms compiled against 32.4 eager (README,
+    scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and needs a
+    C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto) stays
+    eager there.
+    """
+    if device.type != "cpu":
+        return torch.compile(model)
+    compilers = [os.environ.get("CXX") or "g++", "clang++"]
+    if not any(shutil.which(c) for c in compilers):
+        raise ConfigError(
+            f"train.compile: compiling on CPU needs a C++ compiler and none of "
+            f"{', '.join(compilers)} is on PATH (set CXX, or train.compile: false)"
+        )
+    return torch.compile(model, options={"cpp_wrapper": True})
+
+
+# Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is 1.3x slower than fp32
+# at width 128 (nanoGPT's CPU shape) and 1.8x faster at width 384 (its GPU Shakespeare shape).
+CPU_BF16_MIN_WIDTH = 384
+
+
+def resolve_dtype(name: str, device: torch.device, model: ModelConfig) -> torch.dtype:
+    """The autocast dtype (float32 = no autocast)."""
+    if name == "fp32":
+        return torch.float32
+    if name == "bf16":
+        return torch.bfloat16
+    if name == "fp16":
+        return torch.float16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        fast_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        if fast_bf16 and model.d_model >= CPU_BF16_MIN_WIDTH:
+            return torch.bfloat16
+    return torch.float32
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class StopSignals:
+    """SIGINT/SIGTERM ask the loop to save a checkpoint and stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
