@@ -4,6 +4,7 @@
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --steps 30
     python scripts/bench.py --shapes gpt2-small --dtypes bf16 --compile --batch 16  # on a GPU
     python scripts/bench.py --decode              # KV cache against recomputing, 512 tokens
+    python scripts/bench.py --no-train --decode   # decoding alone
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
 
@@ -346,6 +347,9 @@ def main() -> int:
         "--batch", type=_positive_int, help="sequences per step (default: each shape's own)"
     )
     parser.add_argument("--compile", action="store_true", help="also torch.compile each shape")
+    parser.add_argument(
+        "--no-train", dest="train", action="store_false", help="no training rows (with --decode)"
+    )
     parser.add_argument("--decode", action="store_true", help="also time decoding")
     parser.add_argument(
         "--decode-tokens", type=_positive_int, default=512, help="new tokens per decoding"
@@ -377,10 +381,10 @@ def main() -> int:
         torch.backends.cudnn.allow_tf32 = True
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     print(f"device: {device_name}, torch {torch.__version__}", file=sys.stderr, flush=True)
-    dtypes = args.dtypes.split(",")
+    dtypes = args.dtypes.split(",") if args.train else []
     peaks = {d: resolve_peak(d, device, args.peak_tflops) for d in dtypes}
     rows = []
-    for shape in args.shapes.split(","):
+    for shape in args.shapes.split(",") if args.train else []:
         for dtype in dtypes:
             for compiled in (False, True) if args.compile else (False,):
                 row = bench_training(
@@ -395,7 +399,8 @@ def main() -> int:
         "torch": torch.__version__,
         "training": rows,
     }
-    print(table(rows) + "\n")
+    if rows:
+        print(table(rows) + "\n")
     for dtype, (_, source) in peaks.items():
         print(f"MFU peak, {dtype}: {source}")
     if args.decode:
