@@ -147,9 +147,19 @@ class TransformerLM(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 N for the matmuls, plus 12 L d T for attention (PaLM)."""
+        """Training FLOPs per token (forward and backward), as nanoGPT and PaLM count them:
+        ``6 N + 12 L d T``.
+
+        N is every weight a token is multiplied by: the blocks, the final norm and the head's
+        ``vocab x d`` matrix, which is a full matmul whether or not it is tied to the embedding.
+        The token and position tables are lookups, not matmuls, and are left out. ``12 L d T``
+        is attention's two ``T``-long products per layer (``Q K^T`` and ``A V``).
+        """
         c = self.config
-        return 6 * self.num_parameters(non_embedding=True) + 12 * c.n_layer * c.d_model * seq_len
+        n = self.num_parameters(non_embedding=True)
+        if c.tie_embeddings:  # non_embedding dropped the shared matrix together with E
+            n += self.head.weight.numel()
+        return 6 * n + 12 * c.n_layer * c.d_model * seq_len
 
     def forward(
         self,

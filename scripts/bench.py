@@ -1,16 +1,19 @@
-"""Training and decoding throughput of `lm`, against this machine's own measured matmul peak.
+"""Training and decoding throughput of `lm`, and MFU against the device's peak.
 
     python scripts/bench.py                       # every shape, fp32 and bf16
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --steps 30
+    python scripts/bench.py --shapes gpt2-small --dtypes bf16 --compile --batch 16  # on a GPU
     python scripts/bench.py --decode              # KV cache against recomputing, 512 tokens
+    python scripts/bench.py --no-train --decode   # decoding alone
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
-model FLOPs per token (6N + 12 L d T) times tokens/s, over the peak of a large matmul measured in
-the same process with the same dtype, and the page faults a step costs. It prints a Markdown
-table and writes JSON. Run it alone:
+model FLOPs per token (6N + 12 L d T, the LM head counted even when tied) times tokens/s, over
+the peak of the dtype's matmuls: the datasheet's dense figure for a GPU it knows by name, else
+large matmuls measured in the same process, or ``--peak-tflops``; it prints which. It also
+reports the page faults a step costs, prints a Markdown table and writes JSON. Run it alone:
 on a shared two-core machine any other load stalls steps by far more than 2x.
 """
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import re
 import resource
 import statistics
 import sys
@@ -53,21 +58,122 @@ SHAPES: dict[str, tuple[dict, int]] = {
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+# Dense peak TFLOP/s of NVIDIA GPUs, no 2:4 sparsity: (name pattern, label, TFLOP/s per math
+# mode). The datasheets print tensor-core figures "with sparsity" (twice the dense rate, marked
+# *); those are halved here. "tf32" is what an fp32 matmul runs as on tensor cores once TF32 is
+# allowed (as the trainer allows it); bf16 and fp16 are with fp32 accumulation, as autocast
+# runs them. Patterns are matched against the upper-cased ``torch.cuda.get_device_name()``,
+# first match wins, so a variant precedes its family's plain name.
+_SXM_HOPPER = {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0}
+_NVL_HOPPER = {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}
+_A10 = {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}
+GPU_PEAKS: list[tuple[str, str, dict[str, float]]] = [
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns).
+    (
+        r"\bH100\b.*\bPCIE\b",
+        "H100 PCIe",
+        {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.0},
+    ),
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", _NVL_HOPPER),
+    (r"\bH100\b", "H100 SXM", _SXM_HOPPER),
+    # NVIDIA H200 Tensor Core GPU datasheet (SXM and NVL columns).
+    (r"\bH200\b.*\bNVL\b", "H200 NVL", _NVL_HOPPER),
+    (r"\bH200\b", "H200 SXM", _SXM_HOPPER),
+    # NVIDIA GH200 Grace Hopper Superchip datasheet (its GPU: the H100 SXM rates).
+    (r"\bGH200\b", "GH200", _SXM_HOPPER),
+    # NVIDIA A100 Tensor Core GPU datasheet (SXM and PCIe, 40 and 80 GB: the same rates).
+    (r"\bA100\b", "A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    # NVIDIA A10 Tensor Core GPU datasheet. The A10G is AWS's version of the same GA102
+    # configuration (72 SMs, 288 tensor cores) and has no datasheet of its own.
+    (r"\bA10G\b", "A10G", _A10),
+    (r"\bA10\b", "A10", _A10),
+    # NVIDIA L40S datasheet.
+    (r"\bL40S\b", "L40S", {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    # NVIDIA L4 Tensor Core GPU datasheet.
+    (r"\bL4\b", "L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    # NVIDIA Ada Lovelace GPU architecture whitepaper, GeForce RTX 4090 column (fp32
+    # accumulation; GeForce runs it at half the fp16-accumulate rate). Not the 4090 D or laptop.
+    (
+        r"\bRTX 4090\b(?!.*\b(D|LAPTOP)\b)",
+        "RTX 4090",
+        {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
+    ),
+    # NVIDIA V100 Tensor Core GPU datasheet (SXM2, PCIe, V100S PCIe): fp16 tensor cores only.
+    (r"\bV100S\b", "V100S PCIe", {"fp16": 130.0, "fp32": 16.4}),
+    (r"\bV100\b.*\bPCIE\b", "V100 PCIe", {"fp16": 112.0, "fp32": 14.0}),
+    (r"\bV100\b", "V100 SXM2", {"fp16": 125.0, "fp32": 15.7}),
+    # NVIDIA T4 Tensor Core GPU datasheet (fp16 mixed precision).
+    (r"\bT4\b", "T4", {"fp16": 65.0, "fp32": 8.1}),
+]
 
-def matmul_peak(dtype: torch.dtype, device: torch.device, n: int = 2048, reps: int = 8) -> float:
-    """FLOP/s of an n x n matmul in ``dtype``: the best of ``reps`` (the machine's ceiling)."""
+
+def datasheet_peak(device_name: str, precision: str) -> tuple[str, float] | None:
+    """``(label, dense TFLOP/s)`` of a known GPU in ``precision`` (bf16 | fp16 | tf32 | fp32).
+
+    None for an unknown name, a MIG slice (a fraction of the GPU's SMs) or a precision the GPU
+    has no rate for (bf16 on a V100). tf32 on a GPU without it is the plain fp32 rate, which is
+    what cuBLAS runs there.
+    """
+    name = device_name.upper()
+    if re.search(r"\bMIG\b", name):
+        return None
+    for pattern, label, peaks in GPU_PEAKS:
+        if re.search(pattern, name):
+            if precision == "tf32" and "tf32" not in peaks:
+                precision = "fp32"
+            return (f"{label} {precision}", peaks[precision]) if precision in peaks else None
+    return None
+
+
+def matmul_peak(
+    dtype: torch.dtype, device: torch.device, n: int | None = None, window_s: float = 0.1
+) -> float:
+    """Measured FLOP/s of n x n matmuls in ``dtype``: the machine's ceiling where no datasheet
+    names it. Each timing runs enough matmuls back to back to fill ``window_s`` (a GPU's launch
+    latency and the host-device syncs then weigh nothing), and the best of five is kept."""
+    n = n or (8192 if device.type == "cuda" else 2048)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
+    out = torch.empty_like(a)
+
+    def timed(count: int) -> float:
         _sync(device)
         t = time.perf_counter()
-        a @ b
+        for _ in range(count):
+            torch.matmul(a, b, out=out)
         _sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+        return time.perf_counter() - t
+
+    timed(3)  # kernel choice, clocks up
+    count = max(2, min(10_000, math.ceil(window_s / max(timed(1), 1e-9))))
+    best = min(timed(count) for _ in range(5))
+    return 2 * n**3 * count / best
+
+
+def matmul_precision(dtype_name: str, device: torch.device) -> str:
+    """The math mode a matmul in this training dtype runs in: bf16, or fp32 as TF32 on CUDA
+    when it is allowed (main allows it, as the trainer does)."""
+    if dtype_name == "fp32" and device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return dtype_name
+
+
+def resolve_peak(
+    dtype_name: str, device: torch.device, given_tflops: float | None
+) -> tuple[float, str]:
+    """The peak FLOP/s that MFU divides by, and where it came from: ``--peak-tflops``, the
+    datasheet of a GPU known by name, or else a matmul measured here."""
+    if given_tflops is not None:
+        return given_tflops * 1e12, f"given (--peak-tflops) {given_tflops:g} TFLOP/s"
+    if device.type == "cuda":
+        found = datasheet_peak(
+            torch.cuda.get_device_name(device), matmul_precision(dtype_name, device)
+        )
+        if found is not None:
+            label, tflops = found
+            return tflops * 1e12, f"datasheet {label} {tflops:g} TFLOP/s"
+    flops = matmul_peak(DTYPES[dtype_name], device)
+    return flops, f"measured {dtype_name} matmul {flops / 1e12:.3f} TFLOP/s"
 
 
 def _sync(device: torch.device) -> None:
@@ -82,11 +188,23 @@ def random_split(vocab: int, n_tokens: int, seed: int = 0) -> TokenizedSplit:
 
 
 def bench_training(
-    shape: str, dtype_name: str, steps: int, warmup: int, compiled: bool, device: torch.device
+    shape: str,
+    dtype_name: str,
+    steps: int,
+    warmup: int,
+    compiled: bool,
+    device: torch.device,
+    peak: tuple[float, str],
+    batch: int | None = None,
 ) -> dict:
-    model_kw, batch = SHAPES[shape]
+    """One shape and dtype: ``peak`` is (FLOP/s, its source) for MFU; ``batch`` replaces the
+    shape's sequences per step."""
+    model_kw, shape_batch = SHAPES[shape]
+    batch = batch or shape_batch
     cfg = ModelConfig(**{"vocab_size": 65, **model_kw})
     torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model = TransformerLM(cfg).to(device)
     tc = TrainConfig(batch_size=batch, lr=1e-3, grad_clip=1.0)
     optimizer = build_optimizer(model, tc, device)
@@ -115,9 +233,9 @@ def bench_training(
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / steps
     step_s = statistics.median(step_times)
     tokens = batch * cfg.context_length
-    peak = matmul_peak(dtype, device)
+    peak_flops, peak_source = peak
     tok_s = tokens / step_s
-    return {
+    row = {
         "shape": shape,
         "layers/heads/width/ctx": f"{cfg.n_layer}/{cfg.n_head}/{cfg.d_model}/{cfg.context_length}",
         "params_M": round(model.num_parameters() / 1e6, 2),
@@ -126,12 +244,16 @@ def bench_training(
         "compile": compiled,
         "step_ms": round(step_s * 1e3, 2),
         "tokens_per_s": round(tok_s),
-        "mfu": tok_s * model.flops_per_token(cfg.context_length) / peak,
-        "peak_tflops": peak / 1e12,
+        "mfu": tok_s * model.flops_per_token(cfg.context_length) / peak_flops,
+        "peak_tflops": peak_flops / 1e12,
+        "peak_source": peak_source,
         "data_fraction": statistics.median(data_times) / step_s,
         "page_faults_per_step": round(faults),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+    if device.type == "cuda":
+        row["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return row
 
 
 def bench_decode(device: torch.device, new_tokens: int = 512, reps: int = 3) -> dict:
@@ -140,7 +262,8 @@ def bench_decode(device: torch.device, new_tokens: int = 512, reps: int = 3) -> 
     torch.manual_seed(0)
     model = TransformerLM(cfg).to(device).eval()
     prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
-    result = {}
+    generate(model, prompt, 8, pad_id=0)  # warm-up: a GPU's first kernels load and autotune
+    result = {"new_tokens": new_tokens}
     for name, cache in (("kv_cache", True), ("recompute", False)):
         times = []
         for _ in range(reps):
@@ -189,16 +312,51 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
+    parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--batch", type=_positive_int, help="sequences per step (default: each shape's own)"
+    )
     parser.add_argument("--compile", action="store_true", help="also torch.compile each shape")
+    parser.add_argument(
+        "--no-train", dest="train", action="store_false", help="no training rows (with --decode)"
+    )
     parser.add_argument("--decode", action="store_true", help="also time decoding")
+    parser.add_argument(
+        "--decode-tokens", type=_positive_int, default=512, help="new tokens per decoding"
+    )
     parser.add_argument("--tokenize", action="store_true", help="also time BPE tokenizing")
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--peak-tflops",
+        type=_positive_float,
+        help="the peak MFU divides by, in TFLOP/s (default: the datasheet of a known GPU, "
+        "else a matmul measured here)",
+    )
     parser.add_argument(
         "--malloc-default",
         action="store_true",
@@ -206,26 +364,47 @@ def main() -> int:
     )
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
+    for name, known in (("--shapes", SHAPES), ("--dtypes", DTYPES)):
+        unknown = set(getattr(args, name[2:]).split(",")) - set(known)
+        if unknown:
+            parser.error(f"{name}: {', '.join(sorted(unknown))} not among {', '.join(known)}")
     device = resolve_device(args.device)
     if device.type == "cpu" and not args.malloc_default:
         retain_freed_host_memory()  # as the trainer does
+    if device.type == "cuda":  # as the trainer does: fp32 matmuls on tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    print(f"device: {device_name}, torch {torch.__version__}", file=sys.stderr, flush=True)
+    dtypes = args.dtypes.split(",") if args.train else []
+    peaks = {d: resolve_peak(d, device, args.peak_tflops) for d in dtypes}
     rows = []
-    for shape in args.shapes.split(","):
-        for dtype in args.dtypes.split(","):
+    for shape in args.shapes.split(",") if args.train else []:
+        for dtype in dtypes:
             for compiled in (False, True) if args.compile else (False,):
-                row = bench_training(shape, dtype, args.steps, args.warmup, compiled, device)
+                row = bench_training(
+                    shape, dtype, args.steps, args.warmup, compiled, device, peaks[dtype],
+                    args.batch,
+                )  # fmt: skip
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 rows.append(row)
-    report: dict = {"device": str(device), "torch": torch.__version__, "training": rows}
-    print(table(rows))
-    peaks = {r["dtype"]: r["peak_tflops"] for r in rows}
-    print("\nmeasured matmul peak: " + ", ".join(f"{k} {v:.3f} TFLOP/s" for k, v in peaks.items()))
+    report: dict = {
+        "device": str(device),
+        "device_name": device_name,
+        "torch": torch.__version__,
+        "training": rows,
+    }
+    if rows:
+        print(table(rows) + "\n")
+    for dtype, (_, source) in peaks.items():
+        print(f"MFU peak, {dtype}: {source}")
     if args.decode:
-        report["decode"] = bench_decode(device)
+        report["decode"] = bench_decode(device, args.decode_tokens)
         d = report["decode"]
         print(
-            f"\ndecoding 512 tokens (6/6/384, ctx 1024): KV cache {d['kv_cache_tokens_per_s']} "
-            f"tokens/s, recompute {d['recompute_tokens_per_s']} tokens/s, {d['speedup']:.1f}x"
+            f"\ndecoding {d['new_tokens']} tokens (6/6/384, ctx 1024): KV cache "
+            f"{d['kv_cache_tokens_per_s']} tokens/s, recompute {d['recompute_tokens_per_s']} "
+            f"tokens/s, {d['speedup']:.1f}x"
         )
     if args.tokenize:
         report["tokenize"] = t = bench_tokenize()

@@ -1,0 +1,133 @@
+"""What MFU is made of: the model's FLOPs per token and the peak it is divided by."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lm.config import ModelConfig
+from lm.model import TransformerLM
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_flops_per_token_counts_every_matmul_weight_and_the_head(tied, position):
+    V, C, L, d, ff, T = 37, 16, 3, 16, 64, 12
+    cfg = ModelConfig(
+        vocab_size=V,
+        context_length=C,
+        n_layer=L,
+        n_head=2,
+        d_model=d,
+        position=position,
+        tie_embeddings=tied,
+    )
+    model = TransformerLM(cfg)
+    # By hand: per block two norms (no bias), W_QKV, W_O and the MLP's two matrices; then the
+    # final norm and the vocab x d head, a full matmul even when it shares E. Embedding and
+    # position tables are lookups and do not count.
+    per_block = 2 * d + 3 * d * d + d * d + d * ff + ff * d
+    n = L * per_block + d + V * d
+    assert model.flops_per_token(T) == 6 * n + 12 * L * d * T
+    # Tying saves parameters, not arithmetic.
+    distinct = V * d * (1 if tied else 2) + (C * d if position == "learned" else 0)
+    assert model.num_parameters() == L * per_block + d + distinct
+
+
+def test_gpt2_small_flops_include_the_tied_head():
+    shape = dict(context_length=1024, n_layer=12, n_head=12, d_model=768, position="learned")
+    cfg = ModelConfig(vocab_size=50304, **shape)
+    model = TransformerLM(cfg)
+    head = 50304 * 768
+    without_head = 6 * model.num_parameters(non_embedding=True) + 12 * 12 * 768 * 1024
+    # The head is about a quarter of GPT-2 small's training FLOPs; leaving it out undercounts.
+    assert model.flops_per_token(1024) == without_head + 6 * head
+    assert 0.25 < 6 * head / model.flops_per_token(1024) < 0.3
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "expected"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", ("H100 SXM bf16", 989.5)),
+        ("NVIDIA H100 PCIe", "bf16", ("H100 PCIe bf16", 756.5)),
+        ("NVIDIA H100 NVL", "tf32", ("H100 NVL tf32", 417.5)),
+        ("NVIDIA H200", "bf16", ("H200 SXM bf16", 989.5)),
+        ("NVIDIA H200 NVL", "bf16", ("H200 NVL bf16", 835.5)),
+        ("NVIDIA GH200 480GB", "bf16", ("GH200 bf16", 989.5)),
+        ("NVIDIA A100-SXM4-80GB", "bf16", ("A100 bf16", 312.0)),
+        ("NVIDIA A100-PCIE-40GB", "tf32", ("A100 tf32", 156.0)),
+        ("NVIDIA A10G", "bf16", ("A10G bf16", 125.0)),
+        ("NVIDIA A10", "fp32", ("A10 fp32", 31.2)),
+        ("NVIDIA L4", "bf16", ("L4 bf16", 121.0)),
+        ("NVIDIA L40S", "bf16", ("L40S bf16", 362.0)),
+        ("NVIDIA GeForce RTX 4090", "bf16", ("RTX 4090 bf16", 165.2)),
+        ("Tesla V100-SXM2-16GB", "fp16", ("V100 SXM2 fp16", 125.0)),
+        ("Tesla V100-PCIE-32GB", "fp16", ("V100 PCIe fp16", 112.0)),
+        ("Tesla V100S-PCIE-32GB", "fp16", ("V100S PCIe fp16", 130.0)),
+        # No TF32 on Volta: cuBLAS runs such a matmul in plain fp32.
+        ("Tesla V100-SXM2-16GB", "tf32", ("V100 SXM2 fp32", 15.7)),
+        ("Tesla T4", "fp16", ("T4 fp16", 65.0)),
+    ],
+)
+def test_datasheet_peak_names_known_gpus(bench, name, precision, expected):
+    assert bench.datasheet_peak(name, precision) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "precision"),
+    [
+        ("NVIDIA GeForce RTX 3090", "bf16"),  # not in the table
+        ("NVIDIA L40", "bf16"),  # neither L4 nor L40S
+        ("NVIDIA H800", "bf16"),
+        ("NVIDIA GeForce RTX 4090 D", "bf16"),  # a cut-down 4090
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16"),  # a slice of the GPU, not all of it
+        ("Tesla V100-SXM2-16GB", "bf16"),  # Volta's tensor cores have no bf16
+        ("cpu", "fp32"),
+        ("", "bf16"),
+    ],
+)
+def test_datasheet_peak_is_none_where_no_datasheet_applies(bench, name, precision):
+    assert bench.datasheet_peak(name, precision) is None
+
+
+def test_peak_comes_from_the_flag_else_a_measurement_off_cuda(bench):
+    cpu = torch.device("cpu")
+    assert bench.resolve_peak("bf16", cpu, 123.0) == (
+        123e12,
+        "given (--peak-tflops) 123 TFLOP/s",
+    )
+    assert bench.matmul_precision("fp32", cpu) == "fp32"
+    # A measured figure is a plain positive rate, and says so.
+    flops = bench.matmul_peak(torch.float32, cpu, n=128, window_s=0.01)
+    assert 0 < flops < float("inf")
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--peak-tflops=0", "must be a finite number > 0"),
+        ("--peak-tflops=fast", "is not a number"),
+        ("--dtypes=fp8", "--dtypes: fp8 not among fp32, bf16"),
+        ("--batch=0", "must be at least 1"),
+    ],
+)
+def test_bad_flags_are_refused_before_any_work(bench, monkeypatch, capsys, flag, message):
+    monkeypatch.setattr(sys, "argv", ["bench.py", flag])
+    with pytest.raises(SystemExit) as exit_:
+        bench.main()
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
