@@ -20,8 +20,9 @@ from lm.config import DataConfig, ModelConfig
 from lm.data import TokenizedSplit
 from lm.evaluate import evaluate
 from lm.model import KVCache, TransformerLM, loss_sum
+from lm.runtime import autocast_context, compile_model
 from lm.sample import generate
-from lm.train import autocast_context, compile_model, train
+from lm.train import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
