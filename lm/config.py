@@ -241,6 +241,8 @@ class TrainConfig:
     """When a checkpoint cannot be written (disk full, no permission): stop | continue."""
     target_loss: float | None = None
     """Stop as soon as an evaluation reaches this validation loss."""
+    tensorboard: str | bool = "auto"
+    """TensorBoard event files in the run directory: auto (if installed) | true | false."""
 
     def __post_init__(self) -> None:
         s = "train"
@@ -270,6 +272,9 @@ class TrainConfig:
                 f"train.grad_accum: batch_size={self.batch_size} is not divisible by "
                 f"grad_accum={self.grad_accum}"
             )
+        if isinstance(self.tensorboard, bool):  # YAML's true/false
+            object.__setattr__(self, "tensorboard", "true" if self.tensorboard else "false")
+        _choice(s, "tensorboard", self.tensorboard, ("auto", "true", "false"))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lm.batches import TrainBatches
+from lm.board import Board, open_board
 from lm.checkpoint import (
     CHECKPOINTS,
     CheckpointError,
@@ -238,6 +239,8 @@ def _in_main_thread() -> bool:
 class MetricsLog:
     """``metrics.jsonl``: appended, one line per record, flushed at once so a crash loses none."""
 
+    board: Board | None = None  # TensorBoard event files, given every record too
+
     def __init__(self, path: Path, enabled: bool, keep_through_step: int | None):
         self.path, self.enabled = path, enabled
         if not enabled:
@@ -259,10 +262,14 @@ class MetricsLog:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.board is not None:
+            self.board.write(record)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def _step_of(line: str) -> int:
@@ -458,9 +465,9 @@ def _train(
         )
         return loss
 
-    metrics = MetricsLog(
-        run_dir / METRICS, world.is_main, start_step if checkpoint is not None else None
-    )
+    kept_step = start_step if checkpoint is not None else None
+    metrics = MetricsLog(run_dir / METRICS, world.is_main, kept_step)
+    metrics.board = open_board(tc.tensorboard, run_dir, config, world.is_main, kept_step)
     n_params = raw_model.num_parameters()
     if start_step == 0:
         _log(
