@@ -54,7 +54,7 @@ from lm.distributed import World, all_reduce_sum, barrier, broadcast_flag, close
 from lm.evaluate import evaluate, model_inputs
 from lm.model import TransformerLM, loss_sum
 from lm.optim import build_optimizer, lr_at, set_lr
-from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, RunLock, provenance
+from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, RunLock, init_weights_from, provenance
 
 # Test hook: make the loss of this step non-finite, to exercise train.on_nonfinite.
 INJECT_NONFINITE_ENV = "LM_INJECT_NONFINITE_AT_STEP"
@@ -334,8 +334,12 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
+    init_from: str | Path | None = None,
 ) -> TrainResult:
-    """Train ``config`` into ``run_dir``; see the module docstring. Returns how it ended."""
+    """Train ``config`` into ``run_dir``; see the module docstring. Returns how it ended.
+
+    ``init_from``: a run whose newest weights a fresh run starts from (not a resumed one).
+    """
     run_dir = Path(run_dir)
     tc: TrainConfig = config.train
     device = resolve_device(tc.device)
@@ -358,7 +362,7 @@ def train(
                 lock.acquire()
                 _prepare_run_dir(run_dir, resume, overwrite)
             barrier(world)
-            return _train(config, run_dir, device, world, resume, overwrite, quiet)
+            return _train(config, run_dir, device, world, resume, overwrite, quiet, init_from)
         finally:
             lock.release()
     finally:
@@ -373,6 +377,7 @@ def _train(
     resume: bool,
     overwrite: bool,
     quiet: bool,
+    init_from: str | Path | None = None,
 ) -> TrainResult:
     tc = config.train
     checkpoint = latest_checkpoint(run_dir) if resume else None
@@ -404,6 +409,8 @@ def _train(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     model = TransformerLM(config.model).to(device)
+    if init_from is not None and checkpoint is None:  # a resumed run has weights of its own
+        init_weights_from(model, init_from, run_dir if world.is_main else None)
     optimizer = build_optimizer(model, tc, device)
     dtype = resolve_dtype(tc.dtype, device, config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
