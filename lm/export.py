@@ -145,6 +145,10 @@ def _write_model(folder: Path, hf: HFModel, dtype: torch.dtype) -> None:
     config = AutoConfig.for_model(hf.model_type, **hf.config)
     config.dtype = dtype
     config.save_pretrained(folder)
+    if hf.legacy:
+        path = folder / "config.json"
+        keys = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**keys, **hf.legacy}, indent=2) + "\n", encoding="utf-8")
     tensors = {name: t.to(dtype).contiguous() for name, t in hf.tensors.items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     generation = GenerationConfig(

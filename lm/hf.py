@@ -31,7 +31,7 @@ bit for bit (the only way lm uses it), since multiplying by sqrt(d) is not one-t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -118,6 +118,8 @@ class HFModel:
     model_type: str
     config: dict[str, Any]
     tensors: dict[str, torch.Tensor]
+    legacy: dict[str, Any] = field(default_factory=dict)
+    """Keys older transformers versions read instead (added to config.json as they are)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +248,12 @@ def to_hf(
     if not tied:
         tensors[_HEAD[model_type][0]] = head
     config = _hf_config(cfg, model_type, max_positions, tied, ids)
-    return HFModel(model_type, config, {k: v.contiguous() for k, v in tensors.items()})
+    legacy = {}
+    if model_type == "gpt_neox":
+        # transformers 4 reads these, and without them would rotate a quarter of each head.
+        legacy = {"rotary_pct": 1.0, "rotary_emb_base": cfg.rope_base, "rope_theta": cfg.rope_base}
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    return HFModel(model_type, config, tensors, legacy)
 
 
 def _hf_config(
@@ -305,6 +312,8 @@ def _hf_config(
         "layer_norm_epsilon": cfg.norm_eps,
         "learned_pos_emb": False,
         "no_bias": True,
+        # transformers' MPT takes attn_pdrop (its one dropout) as an integer only; lm's dropout
+        # is kept in resid_pdrop, which it records but does not apply. Only training sees it.
         "resid_pdrop": cfg.dropout,
         "emb_pdrop": cfg.dropout,
         "attn_config": {"alibi": True, "alibi_bias_max": 8, "attn_type": "multihead_attention"},
@@ -400,7 +409,7 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
         "d_model": d,
         "d_ff": _ff(int(config.expansion_ratio * d), d),
         "norm_eps": config.layer_norm_epsilon,
-        "dropout": float(attn.attn_pdrop),
+        "dropout": float(attn.attn_pdrop or config.resid_pdrop),  # see _hf_config
         "max_positions": config.max_seq_len,
     }
 

@@ -138,8 +138,8 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
-    """The run's config: the model from the weights; data and train sections, and what
-    config.json cannot say (the trained context of a scheme with no table, the attention
+    """The run's config: the model from the weights; data and train sections, and what the
+    weights do not say (the trained context of a scheme with no table, dropout, the attention
     kernel), from the ``lm_config.yaml`` an export leaves, when it matches the weights;
     otherwise defaults, with the run's own tokenizer."""
     path = hf_dir / LM_CONFIG
@@ -152,7 +152,11 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
             saved.model.position == keys["position"]
             and saved.model.context_length <= keys["context_length"]
         ):
-            kept = {"attention": saved.model.attention, "context_length": keys["context_length"]}
+            kept = {
+                "attention": saved.model.attention,
+                "dropout": saved.model.dropout,
+                "context_length": keys["context_length"],
+            }
             if saved.model.ff_dim == (keys["d_ff"] or 4 * keys["d_model"]):
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
             if keys["position"] != "learned":

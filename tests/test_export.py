@@ -101,6 +101,10 @@ def test_export_is_the_target_architecture_with_every_weight_used(exported):
     assert config["architectures"] == [ARCHITECTURES[model_type]]
     assert not exported.info["missing_keys"] and not exported.info["unexpected_keys"]
     assert not exported.info["mismatched_keys"]
+    if model_type == "gpt_neox":  # full rotary, also for transformers 4 (its default is 0.25)
+        assert config["rope_parameters"]["partial_rotary_factor"] == 1.0
+        assert config["rotary_pct"] == 1.0 and config["rotary_emb_base"] == 10000.0
+        assert config["use_parallel_residual"] is False
     names = sorted(p.name for p in exported.out.iterdir())
     assert names == [
         "README.md",
@@ -196,10 +200,10 @@ def test_auto_tokenizer_encodes_and_decodes_as_lm(kind, tmp_path):
     "model",
     [
         {"position": "rope", "bias": True, "tie_embeddings": False, "rope_base": 500.0},
-        {"position": "learned", "bias": True, "tie_embeddings": False, "d_ff": 48},
+        {"position": "learned", "bias": True, "tie_embeddings": False, "d_ff": 48, "dropout": 0.1},
         {"position": "sinusoidal", "bias": True, "tie_embeddings": False, "n_head": 4},
         {"position": "none", "tie_embeddings": False, "norm_eps": 1e-6},
-        {"position": "alibi", "tie_embeddings": False, "n_head": 4},
+        {"position": "alibi", "tie_embeddings": False, "n_head": 4, "dropout": 0.1},
     ],
     ids=["rope", "learned", "sinusoidal", "none", "alibi"],
 )
