@@ -18,7 +18,13 @@ RoPE layouts. The notes rotate interleaved pairs ``(x[2i], x[2i+1])``; GPT-NeoX 
 and key features, lm feature ``2i`` -> NeoX ``i`` and ``2i+1`` -> ``i + d_k/2``, makes NeoX's
 rotation lm's; the scores are unchanged because queries and keys are renumbered alike. NeoX
 also stores its fused projection head by head, ``[H, (q, k, v), d_k]`` rows, where lm stores
-``[(q, k, v), H, d_k]``.
+``[(q, k, v), H, d_k]``. (NeoX computes the angles in float32, lm in float64: the two agree
+to float32 rounding, which grows slowly with the position.)
+
+ALiBi in transformers' MPT biases each key by its slot alone, ``-m (L - 1 - j)``; for a causal
+query ``i`` that differs from lm's ``-m (i - j)`` by a constant of the row, which softmax
+ignores. Pads on the left shift every real token's slot alike, so the distances between real
+tokens, all that either bias reads, are lm's (which counts positions over real tokens only).
 
 GPT-2's ``Conv1D`` keeps weights as ``[in, out]``: the transpose of ``nn.Linear``. GPT-2 and
 GPT-NeoX always have biases; a bias-free lm model exports zeros there, and an import whose

@@ -473,8 +473,9 @@ def _train(
         return loss
 
     kept_step = start_step if checkpoint is not None else None
+    board = open_board(tc.tensorboard, run_dir, config, world.is_main, kept_step)
     metrics = MetricsLog(run_dir / METRICS, world.is_main, kept_step)
-    metrics.board = open_board(tc.tensorboard, run_dir, config, world.is_main, kept_step)
+    metrics.board = board
     n_params = raw_model.num_parameters()
     if start_step == 0:
         _log(

@@ -90,3 +90,14 @@ def test_tensorboard_false_writes_nothing_and_the_key_is_checked(tmp_path, data)
     assert tiny_config().train.tensorboard == "auto"
     with pytest.raises(ConfigError, match=r"train\.tensorboard: 'sometimes' is not one of auto"):
         load_config(None, ["train.tensorboard=sometimes"])
+
+
+def test_without_the_package_auto_writes_nothing_and_true_is_refused(tmp_path, data, monkeypatch):
+    monkeypatch.setattr("lm.board.tensorboard_installed", lambda: False)
+    cfg = tiny_config(data=data, train={"max_steps": 2, "eval_every": 2})
+    assert train(cfg, tmp_path / "auto", quiet=True).status == "done"
+    assert not list((tmp_path / "auto").glob(EVENTS_GLOB))
+    insist = cfg.replace(train=dataclasses.replace(cfg.train, tensorboard="true"))
+    with pytest.raises(ConfigError, match="tensorboard package is not installed"):
+        train(insist, tmp_path / "true", quiet=True)
+    assert not (tmp_path / "true" / "metrics.jsonl").exists()  # no run recorded as started
