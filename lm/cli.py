@@ -1,5 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention | positions`` (also
-``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | attention | positions | export |
+import`` (also ``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     group.add_argument("--overwrite", action="store_true", help="discard the run and start again")
     t.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    t.add_argument(
+        "--init-from",
+        metavar="RUN_DIR",
+        help="start from this run's newest weights (fresh optimizer, step 0, its tokenizer)",
+    )
 
     s = sub.add_parser("sample", help="continue prompts with a trained model")
     s.add_argument("run_dir", help="run directory written by lm train")
@@ -193,6 +198,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
     )
     p.add_argument("--device", default="auto")
+
+    x = sub.add_parser(
+        "export",
+        help="write a run as a Hugging Face transformers model folder (no custom code needed)",
+    )
+    x.add_argument("run_dir")
+    x.add_argument("--out", required=True, help="the folder to write")
+    x.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
+    x.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    x.add_argument(
+        "--max-positions",
+        type=_positive_int,
+        help="longest sequence the export accepts (default: max(context_length, 2048); a "
+        "learned table has exactly context_length)",
+    )
+    x.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
+
+    i = sub.add_parser(
+        "import", help="turn a GPT-2, GPT-NeoX or MPT model folder (e.g. an export) into a run"
+    )
+    i.add_argument("hf_dir", help="a folder with config.json, model.safetensors, tokenizer.json")
+    i.add_argument("--out", required=True, help="the run directory to write")
+    i.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
     return parser
 
 
@@ -201,8 +229,19 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from lm.train import train
 
     config = load_config(args.config, args.overrides)
+    if args.init_from:
+        from lm.runs import config_for_init
+
+        config = config_for_init(config, args.init_from)
     run_dir = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    result = train(config, run_dir, resume=args.resume, overwrite=args.overwrite, quiet=args.quiet)
+    result = train(
+        config,
+        run_dir,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+        init_from=args.init_from,
+    )
     if result.message:
         print(f"lm: {result.message}", file=sys.stderr)
     return {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
@@ -322,6 +361,33 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from lm.export import NAMES, export_run
+
+    done = export_run(
+        args.run_dir,
+        args.out,
+        dtype=args.dtype,
+        checkpoint=args.checkpoint,
+        overwrite=args.overwrite,
+        max_positions=args.max_positions,
+    )
+    print(
+        f"lm: step {done.step} exported as {NAMES[done.model_type]} ({args.dtype}, up to "
+        f"{done.max_positions} positions)",
+        file=sys.stderr,
+    )
+    print(done.out)
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from lm.hf_import import import_model
+
+    print(import_model(args.hf_dir, args.out, overwrite=args.overwrite))
+    return 0
+
+
 COMMANDS = {
     "train": _cmd_train,
     "sample": _cmd_sample,
@@ -329,6 +395,8 @@ COMMANDS = {
     "compare": _cmd_compare,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
+    "export": _cmd_export,
+    "import": _cmd_import,
 }
 
 

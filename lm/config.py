@@ -240,6 +240,8 @@ class TrainConfig:
     """When a checkpoint cannot be written (disk full, no permission): stop | continue."""
     target_loss: float | None = None
     """Stop as soon as an evaluation reaches this validation loss."""
+    tensorboard: bool | None = None
+    """TensorBoard event files in the run directory: true | false; null (default): if installed."""
 
     def __post_init__(self) -> None:
         s = "train"

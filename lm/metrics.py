@@ -7,12 +7,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lm.board import Board
+
 
 class MetricsLog:
     """``metrics.jsonl``: appended, one line per record, flushed at once so a crash loses none."""
 
-    def __init__(self, path: Path, enabled: bool, keep_through_step: int | None):
-        self.path, self.enabled = path, enabled
+    def __init__(
+        self, path: Path, enabled: bool, keep_through_step: int | None, board: Board | None = None
+    ):
+        self.path, self.enabled, self.board = path, enabled, board  # board: each record too
         if not enabled:
             self.file = None
             return
@@ -32,10 +36,14 @@ class MetricsLog:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        if self.board is not None:
+            self.board.write(record)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def _step_of(line: str) -> int:

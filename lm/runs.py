@@ -10,6 +10,7 @@ RUN_DIR/lock              present while a process trains into the directory
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from lm.checkpoint import CHECKPOINTS, CheckpointError, latest_checkpoint, load_weights, read_state
-from lm.config import Config, LMError, load_config, save_config
+from lm.config import BUILTIN_TOKENIZERS, Config, LMError, ModelConfig, load_config, save_config
 from lm.model import TransformerLM
 from lm.tokenizer import TextTokenizer
 
@@ -186,3 +187,112 @@ def load_run(
     folder = path if path.is_dir() else path.parent
     step = read_state(folder)["step"] if (folder / "state.json").is_file() else 0
     return LoadedRun(config, tokenizer, model.to(device).eval(), path, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting a run from another run's weights (lm train --init-from)
+
+# Model keys a run may change from the one it starts from: none of them is in the weights.
+_MAY_CHANGE = ("context_length", "dropout", "attention")
+
+
+def _init_source(source: Path) -> tuple[Config, Path]:
+    """The config and newest checkpoint of the run whose weights a new run starts from."""
+    where = f"--init-from {source}"
+    if not (source / CONFIG).is_file():
+        raise LMError(f"{where}: not a run directory (no {CONFIG})")
+    if not (source / TOKENIZER).is_file():
+        raise LMError(f"{where}: the run has no {TOKENIZER}")
+    checkpoint = latest_checkpoint(source)
+    if checkpoint is None:
+        raise LMError(f"{where}: the run has no checkpoint yet")
+    return load_config(source / CONFIG), checkpoint
+
+
+def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM) -> None:
+    """Every parameter of ``model`` in the source checkpoint with the same shape (the first that
+    is not is named), then the model keys that change what the weights compute."""
+    from safetensors import SafetensorError, safe_open
+
+    file = latest_checkpoint(source) / "model.safetensors"
+    try:
+        with safe_open(str(file), "pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: cannot read the weights ({e})") from None
+    tied = {"embed.weight", "head.weight"} if model.config.tie_embeddings else set()
+    for name, tensor in model.state_dict().items():
+        shape = shapes.get(name)
+        if shape is None and name in tied:
+            shape = next((shapes[t] for t in tied if t in shapes), None)
+        if shape is None:
+            raise LMError(f"--init-from {source}: parameter {name} is not in its weights")
+        if shape != tuple(tensor.shape):
+            raise LMError(
+                f"--init-from {source}: parameter {name} has shape {list(shape)} there but "
+                f"{list(tensor.shape)} in this model"
+            )
+    ours = model.config
+    for key in ModelConfig.__dataclass_fields__:
+        if key in _MAY_CHANGE or key == "vocab_size":
+            continue
+        if getattr(saved, key) != getattr(ours, key):
+            raise LMError(
+                f"--init-from {source}: model.{key} is {getattr(saved, key)!r} there and "
+                f"{getattr(ours, key)!r} here (only {', '.join(_MAY_CHANGE)} may change)"
+            )
+
+
+def config_for_init(config: Config, source: str | Path) -> Config:
+    """``config`` made to start from ``source``'s weights: it tokenizes with ``source``'s
+    tokenizer.json (the ids the weights know), and its model must fit them; checked here,
+    before any data is read."""
+    source = Path(source)
+    saved, _ = _init_source(source)
+    own = source / TOKENIZER
+    named = config.data.tokenizer
+    if (
+        named not in BUILTIN_TOKENIZERS
+        and Path(named).resolve() != own.resolve()
+        and TextTokenizer.load(named).to_json() != TextTokenizer.load(own).to_json()
+    ):
+        raise LMError(
+            f"data.tokenizer: {named} is not the tokenizer of --init-from {source}; its "
+            f"weights need {own} (leave data.tokenizer as char, byte or bpe, or name it)"
+        )
+    config = config.replace(data=dataclasses.replace(config.data, tokenizer=str(own.resolve())))
+    model_cfg = dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
+    with torch.device("meta"):  # shapes only: no memory, no initialisation work
+        _check_fits(source, saved.model, TransformerLM(model_cfg))
+    return config
+
+
+def init_weights_from(
+    model: TransformerLM, source: str | Path, run_dir: Path | None = None
+) -> None:
+    """Load the newest weights of run ``source`` into ``model`` (the optimizer starts fresh).
+
+    With ``run_dir`` (the new run, main process), check that it tokenizes as ``source`` does and
+    record the origin in its run.json.
+    """
+    source = Path(source)
+    saved, checkpoint = _init_source(source)
+    _check_fits(source, saved.model, model)
+    if run_dir is not None and (run_dir / TOKENIZER).is_file():
+        ours = TextTokenizer.load(run_dir / TOKENIZER).to_json()
+        if ours != TextTokenizer.load(source / TOKENIZER).to_json():
+            raise LMError(
+                f"--init-from {source}: this run's tokenizer differs from the one its weights "
+                f"were trained with; set data.tokenizer: {source / TOKENIZER}"
+            )
+    load_weights(model, checkpoint)
+    if run_dir is not None:
+        path = run_dir / PROVENANCE
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        record["init_from"] = {
+            "run": str(source.resolve()),
+            "checkpoint": folder.name,
+            "step": read_state(folder)["step"],
+        }
+        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lm.batches import TrainBatches
+from lm.board import check_board, open_board
 from lm.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -40,7 +41,16 @@ from lm.evaluate import evaluate
 from lm.metrics import MetricsLog
 from lm.model import TransformerLM
 from lm.optim import build_optimizer, lr_at, set_lr
-from lm.runs import CONFIG, METRICS, TOKENIZER, RunLock, clear_run, refuse_to_clobber, write_record
+from lm.runs import (
+    CONFIG,
+    METRICS,
+    TOKENIZER,
+    RunLock,
+    clear_run,
+    init_weights_from,
+    refuse_to_clobber,
+    write_record,
+)
 from lm.runtime import (
     StopSignals,
     autocast_context,
@@ -74,13 +84,20 @@ def train(
     resume: bool = False,
     overwrite: bool = False,
     quiet: bool = False,
+    init_from: str | Path | None = None,
 ) -> TrainResult:
-    """Train ``config`` into ``run_dir``; see the module docstring. Returns how it ended."""
+    """Train ``config`` into ``run_dir``; see the module docstring. Returns how it ended.
+
+    ``init_from``: a run whose newest weights a fresh run starts from (a resumed run keeps its
+    own); ``lm.runs.config_for_init`` makes the config fit them first.
+    """
     run_dir = Path(run_dir)
+    check_board(config.train.tensorboard)
     device, world = _join(config)
     lock = RunLock(run_dir)
     try:
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
+        run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
         net = _build(run)
         state = _restore(run, net)
         status, message = _loop(run, net, state)
@@ -102,6 +119,7 @@ class _Run:
     data: PreparedData
     checkpoint: Path | None  # the one this run resumes from; None: a fresh start
     saved: dict[str, Any]  # its state.json; empty for a fresh start
+    init_from: Path | str | None = None  # a run whose weights a fresh start begins from
 
     def log(self, message: str) -> None:
         _log(self.world, self.quiet, message)
@@ -209,6 +227,8 @@ def _build(run: _Run) -> _Net:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     raw_model = TransformerLM(run.config.model).to(device)
+    if run.init_from is not None:  # after write_record: it checks the tokenizer, notes the origin
+        init_weights_from(raw_model, run.init_from, run.run_dir if world.is_main else None)
     optimizer = build_optimizer(raw_model, tc, device)
     dtype = resolve_dtype(tc.dtype, device, run.config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -269,7 +289,8 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
     """Train until ``max_steps``, the target loss, a stop signal or a failure: (status, message)."""
     tc = run.config.train
     keep_through = state.step if run.checkpoint is not None else None
-    metrics = MetricsLog(run.run_dir / METRICS, run.world.is_main, keep_through)
+    board = open_board(tc.tensorboard, run.run_dir, run.config, run.world.is_main, keep_through)
+    metrics = MetricsLog(run.run_dir / METRICS, run.world.is_main, keep_through, board)
     bar = tqdm(
         total=tc.max_steps, initial=state.step, disable=run.quiet or not run.world.is_main,
         file=sys.stderr, dynamic_ncols=True, mininterval=0.5, desc="train",

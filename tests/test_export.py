@@ -1,0 +1,384 @@
+"""``lm export`` / ``lm import``: every position scheme to Hugging Face transformers and back.
+
+Each scheme trains a tiny run once (module fixture); transformers must then compute lm's logits
+on a left-padded batch, decode the same greedy tokens, and an import must return the very bits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from _export_support import TEXT, untrained_run
+from _support import write_config
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from lm.cli import main
+from lm.hf import TARGETS, mpt_slopes
+from lm.model import positions_from_mask
+from lm.position import alibi_slopes
+from lm.runs import load_run
+from lm.sample import generate
+from lm.tokenizer import train_tokenizer
+
+POSITIONS = ("rope", "learned", "sinusoidal", "none", "alibi")
+ARCHITECTURES = {
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "mpt": "MptForCausalLM",
+}
+TEXTS = ["def f(x):\n    return x", "The for", "import os\nimport sys\n"]
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("export-data")
+
+
+def hf_forward(model, batch) -> torch.Tensor:
+    """transformers' logits with lm's positions: real tokens counted from 0 in every row (what
+    generate() derives from the mask; a plain forward call needs them given)."""
+    mask = batch["attention_mask"]
+    kwargs = {"input_ids": batch["input_ids"], "attention_mask": mask}
+    if model.config.model_type != "mpt":  # ALiBi reads only distances
+        kwargs["position_ids"] = positions_from_mask(mask.bool())
+    with torch.no_grad():
+        return model(**kwargs).logits
+
+
+def lm_forward(run, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return run.model(batch["input_ids"], key_mask=batch["attention_mask"].bool())
+
+
+def largest_difference(run, hf, tok, texts=TEXTS) -> float:
+    batch = tok(texts, return_tensors="pt", padding=True)
+    real = batch["attention_mask"].bool()
+    assert not bool(real.all()), "the batch must hold left padding"
+    return (lm_forward(run, batch) - hf_forward(hf, batch))[real].abs().max().item()
+
+
+def load_export(out: Path):
+    hf, info = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, output_loading_info=True
+    )
+    return hf.eval(), info, AutoTokenizer.from_pretrained(out)
+
+
+@pytest.fixture(scope="module", params=POSITIONS)
+def exported(request, tmp_path_factory, data_cache):
+    position = request.param
+    root = tmp_path_factory.mktemp(f"export-{position}")
+    cfg = write_config(
+        root / "tiny.yaml",
+        model={"position": position, "context_length": 64},
+        data={"cache_dir": str(data_cache)},
+        train={"max_steps": 20, "eval_every": 20, "checkpoint_every": 20, "tensorboard": False},
+    )
+    run_dir, out = root / "run", root / "hf"
+    assert main(["train", str(cfg), "--out", str(run_dir), "--quiet"]) == 0
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    hf, info, tok = load_export(out)
+    return SimpleNamespace(
+        position=position,
+        run_dir=run_dir,
+        out=out,
+        run=load_run(run_dir),
+        hf=hf,
+        info=info,
+        tok=tok,
+    )
+
+
+def test_export_is_the_target_architecture_with_every_weight_used(exported):
+    config = json.loads((exported.out / "config.json").read_text())
+    model_type = TARGETS[exported.position]
+    assert config["model_type"] == model_type
+    assert config["architectures"] == [ARCHITECTURES[model_type]]
+    assert not exported.info["missing_keys"] and not exported.info["unexpected_keys"]
+    assert not exported.info["mismatched_keys"]
+    if model_type == "gpt_neox":  # full rotary, also for transformers 4 (its default is 0.25)
+        assert config["rope_parameters"]["partial_rotary_factor"] == 1.0
+        assert config["rotary_pct"] == 1.0 and config["rotary_emb_base"] == 10000.0
+        assert config["use_parallel_residual"] is False
+    names = sorted(p.name for p in exported.out.iterdir())
+    assert names == [
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "lm_config.yaml",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    card = (exported.out / "README.md").read_text()
+    assert f"`{exported.position}`" in card and "validation loss" in card
+    assert "AutoModelForCausalLM.from_pretrained" in card
+
+
+def test_transformers_logits_equal_lm_on_a_left_padded_batch(exported):
+    assert largest_difference(exported.run, exported.hf, exported.tok) < 1e-4
+
+
+def test_greedy_generate_gives_the_tokens_of_lm_sample(exported, capsys):
+    tok, lm_tok = exported.tok, exported.run.tokenizer
+    prompts = ["def f", "The for statement"]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = exported.hf.generate(**batch, max_new_tokens=40, do_sample=False)
+    new = out[:, batch["input_ids"].shape[1] :].tolist()
+    theirs = [row[: row.index(lm_tok.eod_id)] if lm_tok.eod_id in row else row for row in new]
+    ours = generate(
+        exported.run.model, [lm_tok.encode(p) for p in prompts], 40, lm_tok.pad_id, lm_tok.eod_id
+    )
+    assert theirs == ours
+    assert any(len(row) == 40 for row in ours)  # some row really decoded 40 tokens
+
+    capsys.readouterr()
+    assert (
+        main(["sample", str(exported.run_dir), "--prompt", prompts[0], "--max-new-tokens", "40"])
+        == 0
+    )
+    assert capsys.readouterr().out == prompts[0] + tok.decode(theirs[0]) + "\n"
+
+
+def test_import_of_the_export_gives_back_the_same_bits(exported, tmp_path, capsys):
+    back_dir = tmp_path / "imported"
+    assert main(["import", str(exported.out), "--out", str(back_dir)]) == 0
+    back = load_run(back_dir)
+    ours, theirs = exported.run.model.state_dict(), back.model.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        assert theirs[name].dtype == tensor.dtype and torch.equal(theirs[name], tensor), name
+    assert back.config.model == exported.run.config.model
+    assert back.config.data == exported.run.config.data
+    tokenizer = (exported.run_dir / "tokenizer.json").read_bytes()
+    assert (back_dir / "tokenizer.json").read_bytes() == tokenizer
+    record = json.loads((back_dir / "run.json").read_text())
+    assert record["imported_from"] == str(exported.out.resolve())
+    assert record["model_type"] == TARGETS[exported.position]
+
+    # The imported run is a run: lm sample and lm eval accept it.
+    capsys.readouterr()
+    assert main(["sample", str(back_dir), "--prompt", "def", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("def")
+    assert main(["eval", str(back_dir), "--max-batches", "1"]) == 0
+    assert "| 64 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["char", "byte", "bpe"])
+def test_auto_tokenizer_encodes_and_decodes_as_lm(kind, tmp_path):
+    tok = train_tokenizer(kind, [TEXT] * 3, vocab_size=300 if kind == "bpe" else None)
+    run_dir = untrained_run(tmp_path, tokenizer=tok)
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    auto = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (auto.pad_token_id, auto.eos_token_id) == (tok.pad_id, tok.eod_id)
+    texts = [
+        TEXT,
+        " leading space",
+        "a literal <eod> and <pad> stay text",
+        "\n\n",
+        "\u00e9t\u00e9 \U0001f600",
+    ]
+    for text in texts:
+        ids = tok.encode(text)
+        assert auto.encode(text) == ids, text
+        assert auto(text)["input_ids"] == ids, text
+        assert auto.decode(ids) == tok.decode(ids), text
+    assert tok.eod_id not in auto.encode("<eod>")
+    if kind != "char":  # every string round-trips exactly through byte-level tokenizers
+        assert all(auto.decode(auto.encode(t)) == t for t in texts)
+    else:
+        assert auto.unk_token_id == tok.unk_id
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"position": "rope", "bias": True, "tie_embeddings": False, "rope_base": 500.0},
+        {"position": "learned", "bias": True, "tie_embeddings": False, "d_ff": 48, "dropout": 0.1},
+        {"position": "sinusoidal", "bias": True, "tie_embeddings": False, "n_head": 4},
+        {"position": "none", "tie_embeddings": False, "norm_eps": 1e-6},
+        {"position": "alibi", "tie_embeddings": False, "n_head": 4, "dropout": 0.1},
+    ],
+    ids=["rope", "learned", "sinusoidal", "none", "alibi"],
+)
+def test_biased_and_untied_models_export_and_return_exactly(model, tmp_path):
+    run_dir = untrained_run(tmp_path, **model)
+    out, back_dir = tmp_path / "hf", tmp_path / "back"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    hf, info, tok = load_export(out)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    run = load_run(run_dir)
+    assert largest_difference(run, hf, tok) < 1e-4
+    assert main(["import", str(out), "--out", str(back_dir)]) == 0
+    back = load_run(back_dir)
+    assert back.config.model == run.config.model
+    ours, theirs = run.model.state_dict(), back.model.state_dict()
+    if model["position"] == "sinusoidal":
+        # Untied, E is used only as E * sqrt(d), which is what the export holds: that product
+        # comes back bit for bit (E itself may differ in its last bit: the product is not
+        # one-to-one in floats).
+        scale = run.model.embed_scale
+        assert torch.equal(theirs.pop("embed.weight") * scale, ours.pop("embed.weight") * scale)
+    for name, tensor in ours.items():
+        assert torch.equal(theirs[name], tensor), name
+
+
+def test_bias_free_layers_export_zero_biases(tmp_path):
+    run_dir = untrained_run(tmp_path, position="rope")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
+        biases = [f.get_tensor(k) for k in f.keys() if k.endswith(".bias")]  # noqa: SIM118
+    assert biases and all(not bool(b.any()) for b in biases)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_exports(dtype, tmp_path):
+    run_dir = untrained_run(tmp_path, position="rope")
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--out", str(out), "--dtype", dtype]) == 0
+    wanted = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert all(f.get_tensor(k).dtype == wanted for k in f.keys())  # noqa: SIM118
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype="auto")
+    assert hf.dtype == wanted
+    # Back in lm the weights are exactly the rounded ones.
+    assert main(["import", str(out), "--out", str(tmp_path / "back")]) == 0
+    back = load_run(tmp_path / "back").model.state_dict()
+    for name, tensor in load_run(run_dir).model.state_dict().items():
+        assert torch.equal(back[name], tensor.to(wanted).float()), name
+
+
+@pytest.mark.parametrize("n_head", [1, 2, 3, 4, 6, 8, 12, 16])
+def test_mpt_alibi_slopes_are_lms(n_head):
+    assert torch.allclose(mpt_slopes(n_head), alibi_slopes(n_head), rtol=1e-6, atol=0.0)
+
+
+def test_long_export_range_for_schemes_without_a_table(tmp_path):
+    run_dir = untrained_run(tmp_path, position="sinusoidal")
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--out", str(out), "--max-positions", "300"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["n_positions"] == 300 and config["tie_word_embeddings"] is False
+    hf, _, tok = load_export(out)
+    long = ["x = 1\n" * 40, "y"]  # 240 tokens: past the trained context of 64
+    assert largest_difference(load_run(run_dir), hf, tok, long) < 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line, exit status 2, nothing written
+
+
+def refused(capsys, argv: list[str], *needles: str) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lm: error: ") and err.count("\n") == 1, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+def nothing_written(parent: Path, name: str) -> None:
+    assert not (parent / name).exists()
+    assert not [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def test_export_refuses_bad_input(tmp_path, capsys):
+    not_a_run = tmp_path / "notes"
+    not_a_run.mkdir()
+    refused(capsys, ["export", str(not_a_run), "--out", str(tmp_path / "a")], "not a run")
+    nothing_written(tmp_path, "a")
+
+    run_dir = untrained_run(tmp_path / "r", position="learned")
+    for ckpt in (run_dir / "checkpoints").iterdir():
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "b")], "no checkpoint")
+    nothing_written(tmp_path, "b")
+
+    good = untrained_run(tmp_path / "g", position="learned")
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "keep.txt").write_text("mine")
+    refused(capsys, ["export", str(good), "--out", str(taken)], "already exists", "--overwrite")
+    refused(capsys, ["export", str(good), "--out", str(taken), "--overwrite"], "not an lm export")
+    assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+    refused(
+        capsys,
+        ["export", str(good), "--out", str(tmp_path / "c"), "--max-positions", "128"],
+        "learned position table",
+    )
+    nothing_written(tmp_path, "c")
+
+    # An earlier export is replaced on request.
+    out = tmp_path / "hf"
+    assert main(["export", str(good), "--out", str(out)]) == 0
+    refused(capsys, ["export", str(good), "--out", str(out)], "already exists")
+    assert main(["export", str(good), "--out", str(out), "--overwrite", "--dtype", "bf16"]) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("model", "needle"),
+    [
+        ({"position": "alibi", "bias": True}, "no biases"),
+        ({"position": "alibi", "d_ff": 64}, "4 x d_model"),
+    ],
+)
+def test_models_transformers_cannot_express_are_refused(model, needle, tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, **model)
+    refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], needle)
+    nothing_written(tmp_path, "hf")
+
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 86,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "vocab_size": 100,
+}
+
+
+def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps(LLAMA))
+    refused(capsys, ["import", str(llama), "--out", str(tmp_path / "r1")], "'llama'", "RMSNorm")
+    nothing_written(tmp_path, "r1")
+
+    refused(capsys, ["import", str(tmp_path), "--out", str(tmp_path / "r2")], "no config.json")
+    nothing_written(tmp_path, "r2")
+
+    # Exports edited into shapes lm does not have: the first mismatch is named.
+    rope = untrained_run(tmp_path / "rope", position="rope")
+    learned = untrained_run(tmp_path / "learned", position="learned")
+    cases = [
+        (rope, {"use_parallel_residual": True}, "use_parallel_residual"),
+        (rope, {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25}}, "partial"),
+        (rope, {"hidden_act": "gelu_new"}, "hidden_act"),
+        (learned, {"activation_function": "gelu_new"}, "activation_function"),
+    ]
+    for i, (run_dir, change, needle) in enumerate(cases):
+        out = tmp_path / f"hf{i}"
+        assert main(["export", str(run_dir), "--out", str(out)]) == 0
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, **change}))
+        refused(capsys, ["import", str(out), "--out", str(tmp_path / f"run{i}")], needle)
+        nothing_written(tmp_path, f"run{i}")
+
+    # An existing run is never replaced without --overwrite.
+    refused(capsys, ["import", str(tmp_path / "hf3"), "--out", str(rope)], "already exists")
+    assert (rope / "config.yaml").is_file()
