@@ -195,35 +195,32 @@ def _val_loss(run: LoadedRun) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def model_card(
-    run_dir: Path, out: Path, run: LoadedRun, hf: HFModel, dtype: str, positions: int
-) -> str:
-    """The README.md of an export: what the model is, what it was trained on, how to load it."""
-    cfg = run.config
-    m = cfg.model
-    arch = NAMES[hf.model_type]
-    val = _val_loss(run)
+SCHEME_TEXT = {
+    "rope": "RoPE on interleaved pairs, stored in GPT-NeoX's rotate-half order (query and key rows "
+    "of every head renumbered; the scores are the same)",
+    "learned": "a learned absolute position table (GPT-2's `wpe`)",
+    "sinusoidal": "the fixed sinusoids of Vaswani et al. in GPT-2's `wpe` ({positions} rows); the "
+    "token embedding scaled by sqrt(d_model) is folded into `wte`, the head keeps the unscaled "
+    "embedding",
+    "none": "no position signal (GPT-2 with an all-zero `wpe`; only the causal mask orders tokens)",
+    "alibi": "ALiBi linear distance biases (transformers' MPT, whose slopes equal lm's)",
+}
+
+
+def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> list[tuple[str, str]]:
+    """The model card's table: what the model is, what it saw, where it came from."""
+    cfg, m = run.config, run.config.model
     origin = {}
     if (run_dir / PROVENANCE).is_file():
         try:
             origin = json.loads((run_dir / PROVENANCE).read_text(encoding="utf-8"))
         except ValueError:
             origin = {}
-    scheme = {
-        "rope": "RoPE on interleaved pairs, stored in GPT-NeoX's rotate-half order (query and "
-        "key rows of every head renumbered; the scores are the same)",
-        "learned": "a learned absolute position table (GPT-2's `wpe`)",
-        "sinusoidal": f"the fixed sinusoids of Vaswani et al. in GPT-2's `wpe` ({positions} rows); "
-        "the token embedding scaled by sqrt(d_model) is folded into `wte`, the head keeps the "
-        "unscaled embedding",
-        "none": "no position signal (GPT-2 with an all-zero `wpe`; only the causal mask orders "
-        "tokens)",
-        "alibi": "ALiBi linear distance biases (transformers' MPT, whose slopes equal lm's)",
-    }[m.position]
+    scheme = SCHEME_TEXT[m.position].format(positions=positions)
+    val = _val_loss(run)
     val_text = f"{val:.4f}" if val is not None else "not measured"
-    yaml_block = yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip()
     commit = origin.get("git_commit") or "unknown"
-    rows = [
+    return [
         ("position scheme", f"`{m.position}`: {scheme}"),
         (
             "architecture",
@@ -248,6 +245,17 @@ def model_card(
         ("weights", f"{dtype}, from `{run.checkpoint.name}`"),
         ("source", f"run `{run_dir}`, git commit `{commit}`, exported {time.strftime('%Y-%m-%d')}"),
     ]
+
+
+def model_card(
+    run_dir: Path, out: Path, run: LoadedRun, hf: HFModel, dtype: str, positions: int
+) -> str:
+    """The README.md of an export: what the model is, what it was trained on, how to load it."""
+    cfg = run.config
+    m = cfg.model
+    arch = NAMES[hf.model_type]
+    yaml_block = yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip()
+    rows = _card_facts(run_dir, run, dtype, positions)
     table = "\n".join(["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
     return f"""---
 library_name: transformers

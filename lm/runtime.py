@@ -37,11 +37,10 @@ def retain_freed_host_memory() -> bool:
     """Keep freed CPU memory in the process for the next step instead of returning it to the OS.
 
     glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
-    so each step's activations come back as fresh pages the kernel must fault in and zero: 966
-    page faults a step at nanoGPT's CPU shape, against 34 with the settings below, and a step
-    about 5% shorter (README, scripts/bench.py --malloc-default). A step then reuses the memory
-    the previous one freed; the peak is unchanged. Returns whether the C library took the
-    settings (glibc does; others have no ``mallopt``).
+    so each step's activations come back as fresh pages the kernel must fault in and zero (the
+    README gives the page faults and step times, from scripts/bench.py --malloc-default). A step
+    then reuses the memory the previous one freed; the peak is unchanged. Returns whether the C
+    library took the settings (glibc does; others have no ``mallopt``).
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -49,7 +48,7 @@ def retain_freed_host_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
     # Blocks up to 1 GiB come from the heap (bigger ones are mapped), and the heap is never
-    # trimmed: with a 1 GiB trim threshold GPT-2 small still faulted in ~470k pages a step.
+    # trimmed: any finite trim threshold still returns GPT-2 small's logits to the kernel.
     mapped = mallopt(m_mmap_threshold, 1 << 30)
     return bool(mapped) and bool(mallopt(m_trim_threshold, -1))  # -1: never trim
 
@@ -71,11 +70,10 @@ def compile_enabled(setting: bool | None, device: torch.device) -> bool:
 
 def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
-    from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps.
-    At nanoGPT's CPU shape a step takes 29.7 ms compiled against 32.4 eager (README,
-    scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and needs a
-    C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto) stays
-    eager there.
+    from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps
+    (README: scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and
+    needs a C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto)
+    stays eager there.
     """
     if device.type != "cpu":
         return torch.compile(model)
@@ -88,8 +86,8 @@ def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Modu
     return torch.compile(model, options={"cpp_wrapper": True})
 
 
-# Measured on an AVX-512-BF16/AMX CPU (scripts/bench.py): bf16 autocast is 1.3x slower than fp32
-# at width 128 (nanoGPT's CPU shape) and 1.8x faster at width 384 (its GPU Shakespeare shape).
+# On an AVX-512-BF16/AMX CPU bf16 autocast loses to fp32 at width 128 and wins from width 384 on
+# (the README's bench table, scripts/bench.py).
 CPU_BF16_MIN_WIDTH = 384
 
 
