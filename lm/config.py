@@ -222,7 +222,7 @@ class TrainConfig:
     eval_steps: int | None = None
     """Batches per evaluation; default: the whole validation split."""
     eval_batch_size: int | None = None
-    """Sequences per evaluation batch on each process; default: the training micro-batch."""
+    """Sequences per evaluation batch; default: the training micro-batch (of one process)."""
     checkpoint_every: int = 500
     """Save a checkpoint every N steps (and at the end); 0: only at the end."""
     keep_checkpoints: int = 2
@@ -293,10 +293,11 @@ class TrainConfig:
             )
         return self.batch_size // (micro * processes)
 
-    def eval_batch(self, processes: int) -> int:
-        """Sequences per process per evaluation forward: never more than a training one
-        unless eval_batch_size says so, so evaluation memory does not grow with batch_size."""
-        return self.eval_batch_size or self.micro_batch(processes)
+    def eval_batch(self) -> int:
+        """Sequences per evaluation forward: the training micro-batch (as one process has it,
+        so that the batches evaluated do not depend on the process count) unless
+        eval_batch_size says otherwise; evaluation memory never grows with batch_size."""
+        return self.eval_batch_size or self.micro_batch(1)
 
     def micro_batch(self, processes: int) -> int:
         """Sequences per process per forward pass."""

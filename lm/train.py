@@ -416,7 +416,7 @@ def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: 
     """Validation loss now, logged; returns whether it reached ``train.target_loss``."""
     tc, ctx, pad_id = run.config.train, run.config.model.context_length, run.data.tokenizer.pad_id
     loss, _ = evaluate(
-        net.eval_model, run.data.val, run.config.data, ctx, tc.eval_batch(run.world.size),
+        net.eval_model, run.data.val, run.config.data, ctx, tc.eval_batch(),
         pad_id, run.device, net.autocast, tc.eval_steps, run.world,
     )  # fmt: skip
     state.val_loss = loss
