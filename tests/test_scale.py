@@ -56,31 +56,33 @@ def test_micro_batches_train_the_same_curve_as_grad_accum(tmp_path):
 
 def test_evaluation_memory_does_not_grow_with_batch_size(tmp_path):
     """GPT-2's shape where it matters for memory (context 1024, the head over the vocabulary),
-    small elsewhere: every evaluation forward holds at most micro-batch x 1024 x vocab logits,
-    whatever batch_size says."""
+    small elsewhere: the largest tensor any operation of an evaluation produces is at most a
+    micro-batch's widest activation (logits, or the MLP's hidden layer), whatever batch_size
+    says."""
     model = {"context_length": 1024, "n_layer": 1, "n_head": 2, "d_model": 32}
+    real_evaluate = lm.train.evaluate
+    largest: list[int] = []
+
+    def spied_evaluate(*args, **kwargs):
+        with _LargestFloat32() as spy:
+            result = real_evaluate(*args, **kwargs)
+        largest.append(spy.largest)
+        return result
+
     peaks = {}
     for batch_size in (4, 64):
-        seen: list[int] = []
-        real_forward = TransformerLM.forward
-
-        def forward(self, *args, **kwargs):
-            logits = real_forward(self, *args, **kwargs)
-            if not self.training:
-                seen.append(logits.numel())
-            return logits
-
+        largest.clear()
         cfg = tiny_config(
             model=model,
             train={"batch_size": batch_size, "micro_batch_size": 2, "max_steps": 1,
                    "warmup_steps": 0, "eval_every": 1, "eval_steps": 3},
         )  # fmt: skip
-        with mock.patch.object(TransformerLM, "forward", forward):
+        with mock.patch.object(lm.train, "evaluate", spied_evaluate):
             train(cfg, tmp_path / f"b{batch_size}", quiet=True)
         vocab = lm.runs.load_run(tmp_path / f"b{batch_size}").config.model.vocab_size
-        assert seen, "no evaluation forward ran"
-        peaks[batch_size] = max(seen)
-        assert max(seen) <= 2 * 1024 * vocab
+        assert largest, "no evaluation ran"
+        peaks[batch_size] = max(largest)
+        assert 0 < peaks[batch_size] <= 2 * 1024 * max(vocab, 4 * 32)
     assert peaks[64] == peaks[4]
 
 
