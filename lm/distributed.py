@@ -8,6 +8,7 @@ every helper here is a no-op.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import socket
 from dataclasses import dataclass
@@ -89,13 +90,26 @@ def flagged_rank(world: World, flag: bool, device: torch.device) -> int | None:
     return None if rank < 0 else rank
 
 
-def check_same_resume(world: World, step: int | None, config_hash: str) -> None:
-    """Every process must resume from the same checkpoint step with the same config, or every
-    process stops with the same line naming the first one that differs from rank 0."""
+def shared_failure(world: World, error: str | None, device: torch.device, what: str) -> str | None:
+    """After something only some processes do (rank 0 writes checkpoints), the same answer on
+    every process: None if it went well everywhere, else a line naming the rank that failed."""
+    failed = flagged_rank(world, error is not None, device)
+    if failed is None or not world.distributed:
+        return error
+    if error is not None:
+        return f"rank {failed}: {error}"
+    return f"rank {failed} could not write the {what} (see its message)"
+
+
+def check_same_resume(world: World, step: int | None, config: bytes) -> None:
+    """Every process must resume from the same checkpoint step with the same ``config`` (its
+    bytes), or every process stops with the same line naming the first one that differs from
+    rank 0."""
     if not world.distributed:
         return
+    digest = hashlib.sha256(config).hexdigest()
     views: list[Any] = [None] * world.size
-    dist.all_gather_object(views, (step, config_hash, socket.gethostname()))
+    dist.all_gather_object(views, (step, digest, socket.gethostname()))
     step0, hash0, host0 = views[0]
     for rank, (step_r, hash_r, host) in enumerate(views):
         if step_r != step0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,6 +79,22 @@ class Stepper:
             step_unless_nonfinite(self.optimizer, finite)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, finite
+
+
+def nonfinite_message(bad_step: int, step: int, kept: Path | None, distributed: bool) -> str:
+    """Why training stopped at ``step`` for a NaN/inf first seen at ``bad_step``; ``kept``: the
+    newest checkpoint, if any was written."""
+    who = "every process" if distributed else "training"
+    outcome = (
+        f"the last good checkpoint ({kept.name}) is kept"
+        if kept is not None
+        else "no checkpoint had been written yet, so there is nothing to resume from"
+    )
+    return (
+        f"non-finite loss or gradient at step {bad_step}; {who} stopped at step {step}, "
+        f"{outcome} "
+        "(set train.on_nonfinite: skip to skip such steps)"
+    )
 
 
 @dataclass

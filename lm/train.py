@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import sys
 import time
@@ -46,6 +45,7 @@ from lm.distributed import (
     close_world,
     flagged_rank,
     init_world,
+    shared_failure,
 )
 from lm.evaluate import evaluate
 from lm.metrics import MetricsLog
@@ -71,7 +71,7 @@ from lm.runtime import (
     resolve_dtype,
     retain_freed_host_memory,
 )
-from lm.step import LoopState, Stepper
+from lm.step import LoopState, Stepper, nonfinite_message
 
 
 @dataclass
@@ -111,7 +111,9 @@ def train(
         net = _build(run)
         state = _restore(run, net)
         status, message = _loop(run, net, state)
-        return _finish(run, state, status, message)
+        result = _finish(run, state, status, message)
+        barrier(world)  # every process has stopped: none leaves another mid-collective
+        return result
     finally:
         lock.release()
         close_world(world)
@@ -182,7 +184,8 @@ def _prepare_run(
     if resume and checkpoint is None:
         _log(world, quiet, f"lm: {run_dir} has no complete checkpoint yet; starting fresh")
     step = int(checkpoint.name.rsplit("_", 1)[-1]) if checkpoint is not None else None
-    check_same_resume(world, step, _config_hash(run_dir, checkpoint, config))
+    own = (run_dir / CONFIG).read_bytes() if checkpoint and (run_dir / CONFIG).is_file() else b""
+    check_same_resume(world, step, json.dumps(config.to_dict(), sort_keys=True).encode() + own)
     saved: dict[str, Any] = {}
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
@@ -202,14 +205,6 @@ def _prepare_run(
     if world.is_main:
         write_record(run_dir, config, data.tokenizer)
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
-
-
-def _config_hash(run_dir: Path, checkpoint: Path | None, config: Config) -> str:
-    """What every process must agree on: the config given, and the run's own when resuming."""
-    text = json.dumps(config.to_dict(), sort_keys=True)
-    if checkpoint is not None and (run_dir / CONFIG).is_file():
-        text += (run_dir / CONFIG).read_text(encoding="utf-8")
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _check_resumable(saved: Config, config: Config) -> None:
@@ -339,7 +334,8 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
             signalled = flagged_rank(run.world, signals.received is not None, run.device)
             bad_step = int(state.first_nonfinite.item())
             if bad_step and tc.on_nonfinite == "stop":
-                return "nonfinite", _nonfinite_message(run, bad_step, step)
+                kept = latest_checkpoint(run.run_dir)
+                return "nonfinite", nonfinite_message(bad_step, step, kept, run.world.distributed)
             if log:
                 _log_train(run, state, metrics, bar, lr, grad_norm)
             reached = bool(evaluate_now) and _evaluate(run, net, state, metrics, bar)
@@ -360,33 +356,13 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
     return "done", ""
 
 
-def _nonfinite_message(run: _Run, bad_step: int, step: int) -> str:
-    kept = latest_checkpoint(run.run_dir)
-    where = f" on every rank (noticed at step {step})" if run.world.distributed else ""
-    outcome = (
-        f"the last good checkpoint ({kept.name}) is kept"
-        if kept is not None
-        else "no checkpoint had been written yet, so there is nothing to resume from"
-    )
-    return (
-        f"non-finite loss or gradient at step {bad_step}{where}; stopped, {outcome} "
-        "(set train.on_nonfinite: skip to skip such steps)"
-    )
-
-
 def _save_everywhere(run: _Run, net: _Net, state: LoopState) -> str | None:
     """Write a checkpoint; every process gets the same answer: None, or why it failed."""
-    error = None
     try:
         _save(run, net, state)
     except CheckpointError as e:
-        error = str(e)
-    failed = flagged_rank(run.world, error is not None, run.device)
-    if failed is None or not run.world.distributed:
-        return error
-    if error is not None:
-        return f"rank {failed}: {error}"
-    return f"rank {failed} could not write the checkpoint at step {state.step} (see its message)"
+        return shared_failure(run.world, str(e), run.device, f"checkpoint at step {state.step}")
+    return shared_failure(run.world, None, run.device, f"checkpoint at step {state.step}")
 
 
 def _clock(state: LoopState) -> dict[str, float]:

@@ -235,7 +235,9 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
 def _torchrun(fault: str, config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
+        # (torchrun ends the others 3 s after one process fails: time to print their lines)
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "--monitor-interval=3",
         str(FAULT_LAUNCHER), fault, "train", str(config), "--out", str(run_dir), "--quiet", *extra,
     ]  # fmt: skip
     # A process left waiting for the other in a collective would hang: the timeout fails it.
@@ -243,7 +245,10 @@ def _torchrun(fault: str, config: Path, run_dir: Path, *extra: str) -> subproces
 
 
 def _stop_lines(err: str) -> list[str]:
-    return [line for line in err.splitlines() if line.startswith("lm: ")]
+    """The lines the processes printed with ``lm: ``; two processes' lines may interleave on
+    the shared pipe, so split at every ``lm: `` wherever it stands."""
+    text = "\n".join(line for line in err.splitlines() if "lm: " in line)
+    return ["lm: " + part.strip() for part in text.split("lm: ")[1:]]
 
 
 @pytest.fixture
