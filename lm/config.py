@@ -192,9 +192,11 @@ class TrainConfig:
     max_steps: int = 1000
     """Optimizer steps to train for."""
     batch_size: int = 32
-    """Global sequences per optimizer step; grad_accum and the process count divide it."""
+    """Global sequences per optimizer step, whatever the process count."""
+    micro_batch_size: int | None = None
+    """Sequences per process per forward pass; accumulation = batch_size / (this x processes)."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step on each process."""
+    """Without micro_batch_size: micro-batches per optimizer step on each process."""
     lr: float = 1e-3
     """Peak learning rate."""
     min_lr: float = 1e-4
@@ -220,7 +222,7 @@ class TrainConfig:
     eval_steps: int | None = None
     """Batches per evaluation; default: the whole validation split."""
     eval_batch_size: int | None = None
-    """Sequences per evaluation batch; default batch_size."""
+    """Sequences per evaluation batch; default: the training micro-batch (of one process)."""
     checkpoint_every: int = 500
     """Save a checkpoint every N steps (and at the end); 0: only at the end."""
     keep_checkpoints: int = 2
@@ -242,6 +244,8 @@ class TrainConfig:
     """Stop as soon as an evaluation reaches this validation loss."""
     tensorboard: bool | None = None
     """TensorBoard event files in the run directory: true | false; null (default): if installed."""
+    dist_timeout_s: float = 3600.0
+    """Under torchrun: seconds a process waits for the others (first data preparation included)."""
 
     def __post_init__(self) -> None:
         s = "train"
@@ -254,6 +258,7 @@ class TrainConfig:
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
+        _positive(s, self, "micro_batch_size", "dist_timeout_s")
         _positive(s, self, "muon_lr")
         _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
         _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
@@ -265,11 +270,46 @@ class TrainConfig:
                 raise ConfigError(f"train.{name}: must be in [0, 1), got {getattr(self, name)}")
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+        if self.micro_batch_size is not None and self.grad_accum != 1:
+            raise ConfigError(
+                "train.grad_accum: set micro_batch_size or grad_accum, not both "
+                "(accumulation follows from batch_size / (micro_batch_size x processes))"
+            )
         if self.batch_size % self.grad_accum:
             raise ConfigError(
                 f"train.grad_accum: batch_size={self.batch_size} is not divisible by "
                 f"grad_accum={self.grad_accum}"
             )
+        self.accumulation(1)  # a config that cannot run even on one process is refused at load
+
+    def accumulation(self, processes: int) -> int:
+        """Micro-batches per optimizer step on each of ``processes``; a ConfigError if the
+        numbers do not divide."""
+        micro = self.micro_batch(processes)
+        if self.batch_size % (micro * processes):
+            raise ConfigError(
+                f"train.batch_size: {self.batch_size} is not divisible by micro_batch_size "
+                f"{micro} x {processes} process(es)"
+            )
+        return self.batch_size // (micro * processes)
+
+    def eval_batch(self) -> int:
+        """Sequences per evaluation forward: the training micro-batch (as one process has it,
+        so that the batches evaluated do not depend on the process count) unless
+        eval_batch_size says otherwise; evaluation memory never grows with batch_size."""
+        return self.eval_batch_size or self.micro_batch(1)
+
+    def micro_batch(self, processes: int) -> int:
+        """Sequences per process per forward pass."""
+        if self.micro_batch_size is not None:
+            return self.micro_batch_size
+        parts = self.grad_accum * processes
+        if self.batch_size % parts:
+            raise ConfigError(
+                f"train.batch_size: {self.batch_size} is not divisible by grad_accum "
+                f"{self.grad_accum} x {processes} process(es) (or set train.micro_batch_size)"
+            )
+        return self.batch_size // parts
 
 
 @dataclass(frozen=True)

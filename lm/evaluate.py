@@ -95,7 +95,7 @@ def evaluate_run(
     # The run's own data, from the cache its training made (silently: only the table matters).
     prepared = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
     data_split = prepared.val if split == "val" else prepared.train
-    base_batch = batch_size or cfg.train.eval_batch_size or cfg.train.batch_size
+    base_batch = batch_size or cfg.train.eval_batch()
     rows = []
     for length in lengths:
         row: dict[str, Any] = {"context_length": length, "trained_context": trained}

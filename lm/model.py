@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lm.attention import LayerKVCache, MultiHeadAttention
 from lm.config import LMError, ModelConfig
@@ -245,16 +246,43 @@ class TransformerLM(nn.Module):
         return self.drop(x)
 
 
+# Logits above this many elements are scored in chunks of rows, so that no fp32 copy of the whole
+# [B*T, V] logits (and, in training, no saved fp32 log-softmax) exists at once: GPT-2 small at
+# 32 x 1024 tokens would otherwise hold two 6.6 GB fp32 tensors beside its bf16 logits.
+LOSS_CHUNK_ELEMENTS = 1 << 26
+
+
 def loss_sum(
-    logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    chunk_elements: int = LOSS_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
     """Summed next-token cross-entropy over real targets (the notes' loss mask).
 
     The caller divides by the number of real targets in the whole batch, so micro-batches and
     processes holding different numbers of real tokens still add up to one big batch's mean.
+    Logits of more than ``chunk_elements`` are scored a chunk of rows at a time, each upcast on
+    its own and, under autograd, recomputed in the backward pass instead of kept; the sum is the
+    same up to float rounding (small logits take the one-call path, bit for bit as before).
     """
     if loss_mask is not None:
         targets = targets.masked_fill(~loss_mask, -100)  # ignored by cross_entropy
-    return F.cross_entropy(
-        logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum"
-    )
+    flat, flat_targets = logits.flatten(0, 1), targets.flatten()  # [B*T, V], [B*T]
+    if flat.numel() <= chunk_elements:
+        return _cross_entropy_sum(flat, flat_targets)
+    rows = max(1, chunk_elements // flat.shape[1])
+    recompute = torch.is_grad_enabled() and flat.requires_grad
+    total = None
+    for part, part_targets in zip(flat.split(rows), flat_targets.split(rows), strict=True):
+        if recompute:
+            loss = checkpoint(_cross_entropy_sum, part, part_targets, use_reentrant=False)
+        else:
+            loss = _cross_entropy_sum(part, part_targets)
+        total = loss if total is None else total + loss
+    return total
+
+
+def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``logits`` [N, V] upcast to fp32, ``targets`` [N] (-100: no loss): the summed loss."""
+    return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")

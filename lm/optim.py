@@ -93,7 +93,12 @@ def _fast_bf16(device: torch.device) -> bool:
 
 
 class Muon(torch.optim.Optimizer):
-    """Muon for groups with ``kind="muon"``, AdamW for the rest, in one optimizer (one state)."""
+    """Muon for groups with ``kind="muon"``, AdamW for the rest, in one optimizer (one state).
+
+    Like PyTorch's fused AdamW it reads an optional ``found_inf`` attribute (a device scalar,
+    1.0: skip): the step then leaves every parameter and every state tensor as it was, decided
+    on the device, so the caller never waits for the flag.
+    """
 
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float],
                  momentum: float = 0.95, eps: float = 1e-8):  # fmt: skip
@@ -101,20 +106,22 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        found_inf = getattr(self, "found_inf", None)
+        skip = None if found_inf is None else found_inf.bool()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["kind"] == "muon":
-                self._muon_updates(params, group)
+                self._muon_updates(params, group, skip)
             else:
                 for p in params:
-                    self._adamw_update(p, self.state[p], group)
+                    self._adamw_update(p, self.state[p], group, skip)
 
-    def _muon_updates(self, params: list[torch.Tensor], group: dict) -> None:
+    def _muon_updates(self, params: list[torch.Tensor], group: dict, skip) -> None:
         momentum = group["momentum"]
         by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for p in params:
             buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-            buf.mul_(momentum).add_(p.grad)
+            _assign(buf, buf.mul(momentum).add_(p.grad), skip)
             nesterov = p.grad.add(buf, alpha=momentum)
             by_shape.setdefault(p.shape, []).append((p, nesterov))
         for shape, items in by_shape.items():
@@ -123,25 +130,48 @@ class Muon(torch.optim.Optimizer):
             updates = orthogonalize(torch.stack([u for _, u in items]), dtype=dtype)
             scale = max(1.0, shape[0] / shape[1]) ** 0.5  # same RMS whatever the aspect ratio
             for (p, _), update in zip(items, updates, strict=True):
-                if group["weight_decay"]:
-                    p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * scale)
+                new = p.mul(1 - group["lr"] * group["weight_decay"]) if group["weight_decay"] else p
+                _assign(p, new.add(update, alpha=-group["lr"] * scale), skip)
 
     @staticmethod
-    def _adamw_update(p: torch.Tensor, state: dict, group: dict) -> None:
+    def _adamw_update(p: torch.Tensor, state: dict, group: dict, skip) -> None:
         if not state:
-            state["step"] = torch.zeros((), dtype=torch.float32)
+            # float64: the bias corrections below are computed as Python floats would be.
+            state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
             state["exp_avg"] = torch.zeros_like(p)
             state["exp_avg_sq"] = torch.zeros_like(p)
         beta1, beta2 = group["betas"]
-        state["step"] += 1
-        t = float(state["step"])
-        state["exp_avg"].lerp_(p.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-        denom = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt_().add_(group["eps"])
-        if group["weight_decay"]:
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**t))
+        step = state["step"].to(p.device, torch.float64, non_blocking=True) + 1  # (a 0-d tensor)
+        exp_avg = state["exp_avg"].lerp(p.grad, 1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(group["eps"])
+        new = p.mul(1 - group["lr"] * group["weight_decay"]) if group["weight_decay"] else p
+        new = new.addcdiv(exp_avg * (-group["lr"] / (1 - beta1**step)), denom)
+        for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+            _assign(state[name], value, skip)
+        state["step"] = step if skip is None else torch.where(skip, step - 1, step)
+        _assign(p, new, skip)
+
+
+def _assign(target: torch.Tensor, value: torch.Tensor, skip: torch.Tensor | None) -> None:
+    """``target`` becomes ``value``, or stays itself where the device flag ``skip`` is set."""
+    target.copy_(value if skip is None else torch.where(skip, target, value))
+
+
+def step_unless_nonfinite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """``optimizer.step()`` when the device flag ``finite`` is set; otherwise parameters and
+    optimizer state stay exactly as they were. Fused AdamW and Muon decide on the device (their
+    ``found_inf`` input); any other optimizer reads the flag on the host first."""
+    fused = all(g.get("fused") for g in optimizer.param_groups)
+    if not isinstance(optimizer, Muon) and not fused:
+        if bool(finite):  # a host sync: only optimizers without a device-side skip get here
+            optimizer.step()
+        return
+    optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

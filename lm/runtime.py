@@ -115,7 +115,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.Abs
 
 
 class StopSignals:
-    """SIGINT/SIGTERM ask the loop to save a checkpoint and stop at the next step boundary."""
+    """SIGINT/SIGTERM ask the loop to save a checkpoint and stop; the loop looks at the next
+    step that logs, evaluates or saves (looking costs every process a wait on the others)."""
 
     def __init__(self) -> None:
         self.received: int | None = None

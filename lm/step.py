@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from lm.distributed import World
+from lm.distributed import World, all_reduce_min
 from lm.evaluate import model_inputs
 from lm.model import loss_sum
+from lm.optim import step_unless_nonfinite
 
 
 class Stepper:
@@ -61,31 +63,55 @@ class Stepper:
             step_loss += loss.detach()
         return step_loss
 
-    def update(self, step_loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Clip and apply the gradients unless something is non-finite; returns (norm, finite)."""
+    def update(self, step_loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and apply the gradients unless something is non-finite: (norm, finite), both
+        device scalars that nothing here reads, so the host never waits for the device."""
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        # The one host-device sync per step: a NaN must be caught at the step it happens.
-        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(step_loss))
-        if finite or self.scaler.is_enabled():
+        finite = torch.isfinite(grad_norm) & torch.isfinite(step_loss)
+        # Every process must skip together; the gradient norm already agrees (gradients are
+        # all-reduced), each process's own loss need not.
+        finite = all_reduce_min(self.world, finite.to(torch.int32)).bool()
+        if self.scaler.is_enabled():
             self.scaler.step(self.optimizer)  # with fp16 the scaler itself skips an overflow
             self.scaler.update()
+        else:
+            step_unless_nonfinite(self.optimizer, finite)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm, finite
+
+
+def nonfinite_message(bad_step: int, step: int, kept: Path | None, distributed: bool) -> str:
+    """Why training stopped at ``step`` for a NaN/inf first seen at ``bad_step``; ``kept``: the
+    newest checkpoint, if any was written."""
+    who = "every process" if distributed else "training"
+    outcome = (
+        f"the last good checkpoint ({kept.name}) is kept"
+        if kept is not None
+        else "no checkpoint had been written yet, so there is nothing to resume from"
+    )
+    return (
+        f"non-finite loss or gradient at step {bad_step}; {who} stopped at step {step}, "
+        f"{outcome} "
+        "(set train.on_nonfinite: skip to skip such steps)"
+    )
 
 
 @dataclass
 class LoopState:
     """Where the loop stands: a checkpoint keeps all of it (``to_checkpoint``,
-    ``from_checkpoint``) but this sitting's clock and token count."""
+    ``from_checkpoint``) but this sitting's clock and token count. The per-step counters are
+    device scalars, updated without the host reading them; they are read at log, evaluation
+    and checkpoint steps only."""
 
-    interval_loss: torch.Tensor  # train loss summed over the log interval; a device scalar
-    interval_steps: int = 0  # finite steps in it (kept, so a resumed run logs the same means)
+    interval_loss: torch.Tensor  # train loss summed over the log interval's finite steps
+    interval_steps: torch.Tensor  # finite steps in it (kept, so a resumed run logs the same means)
+    nonfinite_skips: torch.Tensor  # steps skipped for a NaN/inf loss or gradient, over the run
+    first_nonfinite: torch.Tensor  # the first such step (1-based) of this sitting; 0: none yet
     step: int = 0  # optimizer steps completed
     elapsed_before: float = 0.0  # training seconds of earlier sittings
     best_val_loss: float | None = None
     val_loss: float | None = None  # this sitting's latest evaluation
-    nonfinite_skips: int = 0
     started: float = 0.0  # time.perf_counter() when this sitting's loop began
     interval_started: float = 0.0
     interval_tokens: int = 0  # target tokens of this sitting's part of the interval
@@ -94,24 +120,40 @@ class LoopState:
     def from_checkpoint(cls, saved: dict[str, Any], device: torch.device) -> LoopState:
         """From a checkpoint's ``state.json``, or a fresh start from ``{}``."""
         interval = saved.get("log_interval", {"loss_sum": 0.0, "steps": 0})
+        count = torch.zeros((), dtype=torch.int64, device=device)
         return cls(
             interval_loss=torch.zeros((), device=device).fill_(interval["loss_sum"]),
-            interval_steps=interval["steps"],
+            interval_steps=count.clone().fill_(interval["steps"]),
+            nonfinite_skips=count.clone().fill_(saved.get("nonfinite_skips", 0)),
+            first_nonfinite=count.clone(),
             step=saved.get("step", 0),
             elapsed_before=saved.get("elapsed_s", 0.0),
             best_val_loss=saved.get("best_val_loss"),
-            nonfinite_skips=saved.get("nonfinite_skips", 0),
         )
 
     def to_checkpoint(self) -> dict[str, Any]:
         """The loop's entries of ``state.json`` (the step is the checkpoint's own)."""
+        loss, steps, skips = torch.stack(
+            [self.interval_loss.double(), self.interval_steps.double(), self.nonfinite_skips]
+        ).tolist()
         return {
             "elapsed_s": self.elapsed_s(),
             "best_val_loss": self.best_val_loss,
             "val_loss": self.val_loss,
-            "nonfinite_skips": self.nonfinite_skips,
-            "log_interval": {"loss_sum": self.interval_loss.item(), "steps": self.interval_steps},
+            "nonfinite_skips": int(skips),
+            "log_interval": {"loss_sum": loss, "steps": int(steps)},
         }
+
+    def record(self, step_loss: torch.Tensor, finite: torch.Tensor, count_skips: bool) -> None:
+        """Account for the step just taken (``self.step`` is not yet advanced), on the device:
+        a finite step's loss joins the interval; a non-finite one is counted (unless fp16's
+        scaler, which skips overflows itself, is on) and the first one remembered."""
+        self.interval_loss += torch.where(finite, step_loss, torch.zeros_like(step_loss))
+        self.interval_steps += finite
+        if count_skips:
+            self.nonfinite_skips += ~finite
+            first = ~finite & (self.first_nonfinite == 0)
+            self.first_nonfinite.copy_(torch.where(first, self.step + 1, self.first_nonfinite))
 
     def start_sitting(self) -> None:
         self.started = self.interval_started = time.perf_counter()
@@ -121,4 +163,5 @@ class LoopState:
 
     def new_interval(self, now: float) -> None:
         self.interval_loss.zero_()
-        self.interval_steps, self.interval_tokens, self.interval_started = 0, 0, now
+        self.interval_steps.zero_()
+        self.interval_tokens, self.interval_started = 0, now

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +37,16 @@ from lm.checkpoint import (
 )
 from lm.config import Config, ConfigError, config_diff, load_config
 from lm.data import PreparedData, prepare_data, print_to_stderr
-from lm.distributed import World, all_reduce_sum, barrier, broadcast_flag, close_world, init_world
+from lm.distributed import (
+    World,
+    all_reduce_sum,
+    barrier,
+    check_same_resume,
+    close_world,
+    flagged_rank,
+    init_world,
+    shared_failure,
+)
 from lm.evaluate import evaluate
 from lm.metrics import MetricsLog
 from lm.model import TransformerLM
@@ -61,7 +71,7 @@ from lm.runtime import (
     resolve_dtype,
     retain_freed_host_memory,
 )
-from lm.step import LoopState, Stepper
+from lm.step import LoopState, Stepper, nonfinite_message
 
 
 @dataclass
@@ -101,7 +111,9 @@ def train(
         net = _build(run)
         state = _restore(run, net)
         status, message = _loop(run, net, state)
-        return _finish(run, state, status, message)
+        result = _finish(run, state, status, message)
+        barrier(world)  # every process has stopped: none leaves another mid-collective
+        return result
     finally:
         lock.release()
         close_world(world)
@@ -144,7 +156,7 @@ def _join(config: Config) -> tuple[torch.device, World]:
     device = resolve_device(config.train.device)
     if device.type == "cpu":
         retain_freed_host_memory()
-    world = init_world(device.type)
+    world = init_world(device.type, config.train.dist_timeout_s)
     if device.type == "cuda" and world.distributed:
         device = torch.device("cuda", world.local_rank)
     return device, world
@@ -161,12 +173,7 @@ def _prepare_run(
     quiet: bool,
 ) -> _Run:
     """Claim ``run_dir``, find the checkpoint to resume from, prepare the data, write the record."""
-    tc = config.train
-    if tc.batch_size % (tc.grad_accum * world.size):
-        raise ConfigError(
-            f"train.batch_size: {tc.batch_size} is not divisible by grad_accum "
-            f"({tc.grad_accum}) x processes ({world.size})"
-        )
+    config.train.accumulation(world.size)  # the batch numbers divide, or one line says not
     if world.is_main:
         # The lock first: a live writer is the first thing a second process must hear of.
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -176,6 +183,9 @@ def _prepare_run(
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         _log(world, quiet, f"lm: {run_dir} has no complete checkpoint yet; starting fresh")
+    step = int(checkpoint.name.rsplit("_", 1)[-1]) if checkpoint is not None else None
+    own = (run_dir / CONFIG).read_bytes() if checkpoint and (run_dir / CONFIG).is_file() else b""
+    check_same_resume(world, step, json.dumps(config.to_dict(), sort_keys=True).encode() + own)
     saved: dict[str, Any] = {}
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
@@ -240,7 +250,8 @@ def _build(run: _Run) -> _Net:
     stepper = Stepper(model, raw_model, optimizer, scaler, autocast, world, device, tc.grad_clip)
     batches = TrainBatches(
         data.train, run.config.data, run.config.model.context_length, tc.batch_size,
-        tc.grad_accum, data.tokenizer.pad_id, tc.seed, rank=world.rank, world_size=world.size,
+        tc.accumulation(world.size), data.tokenizer.pad_id, tc.seed, rank=world.rank,
+        world_size=world.size,
     )  # fmt: skip
     # On CPU a compiled evaluation would cost more than it saves: Inductor builds a second graph
     # (no autograd) and a third for the shorter last batch, tens of seconds each.
@@ -286,7 +297,12 @@ def _save(run: _Run, net: _Net, state: LoopState) -> None:
 
 
 def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
-    """Train until ``max_steps``, the target loss, a stop signal or a failure: (status, message)."""
+    """Train until ``max_steps``, the target loss, a stop signal or a failure: (status, message).
+
+    A step reads nothing back from the device. Only at log, evaluation and checkpoint steps does
+    the host wait for it: there non-finite steps, signals and failed writes are heard, by every
+    process alike, so that all of them stop together.
+    """
     tc = run.config.train
     keep_through = state.step if run.checkpoint is not None else None
     board = open_board(tc.tensorboard, run.run_dir, run.config, run.world.is_main, keep_through)
@@ -304,45 +320,49 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
             micro_batches, n_targets = net.batches.step(state.step)
             step_loss = net.stepper.forward_backward(micro_batches, n_targets)
             grad_norm, finite = net.stepper.update(step_loss)
-            if not finite and not net.scaler.is_enabled():  # (fp16 overflow: the scaler backs off)
-                if tc.on_nonfinite == "stop":
-                    return "nonfinite", (
-                        f"non-finite loss or gradient at step {state.step + 1}; stopped, the last "
-                        "good checkpoint is kept (set train.on_nonfinite: skip to skip such steps)"
-                    )
-                state.nonfinite_skips += 1
-                skips = state.nonfinite_skips
-                metrics.write({"step": state.step + 1, **_clock(state), "nonfinite_skips": skips})
-            elif finite:
-                state.interval_loss += step_loss
-                state.interval_steps += 1
+            state.record(step_loss, finite, count_skips=not net.scaler.is_enabled())
             state.step += 1
             state.interval_tokens += n_targets
             bar.update(1)
             step = state.step
-
-            if step % tc.log_every == 0 or step == tc.max_steps:
-                _log_train(run, state, metrics, bar, lr, grad_norm)
-            reached = False
-            if (tc.eval_every and step % tc.eval_every == 0) or step == tc.max_steps:
-                reached = _evaluate(run, net, state, metrics, bar)
-            stop_signal = broadcast_flag(run.world, signals.received is not None, run.device)
+            last = step == tc.max_steps
+            log = step % tc.log_every == 0 or last
+            evaluate_now = (tc.eval_every and step % tc.eval_every == 0) or last
             periodic = tc.checkpoint_every and step % tc.checkpoint_every == 0
-            if periodic or step == tc.max_steps or stop_signal or reached:
-                try:
-                    _save(run, net, state)
-                except CheckpointError as e:
-                    if tc.on_checkpoint_error == "stop" or step == tc.max_steps:
-                        return "checkpoint_failed", str(e)
-                    run.log(f"lm: {e}; training goes on (on_checkpoint_error: continue)")
-            if stop_signal:
+            if not (log or evaluate_now or periodic):
+                continue
+            signalled = flagged_rank(run.world, signals.received is not None, run.device)
+            bad_step = int(state.first_nonfinite.item())
+            if bad_step and tc.on_nonfinite == "stop":
+                kept = latest_checkpoint(run.run_dir)
+                return "nonfinite", nonfinite_message(bad_step, step, kept, run.world.distributed)
+            if log:
+                _log_train(run, state, metrics, bar, lr, grad_norm)
+            reached = bool(evaluate_now) and _evaluate(run, net, state, metrics, bar)
+            if periodic or last or signalled is not None or reached:
+                failure = _save_everywhere(run, net, state)
+                if failure and (tc.on_checkpoint_error == "stop" or last):
+                    return "checkpoint_failed", failure
+                if failure:
+                    run.log(f"lm: {failure}; training goes on (on_checkpoint_error: continue)")
+            if signalled is not None:
+                who = f" on rank {signalled}" if run.world.distributed else ""
                 return "interrupted", (
-                    f"stopped by a signal at step {step}; checkpoint saved, --resume goes on"
+                    f"stopped by a signal{who} at step {step}; checkpoint saved, --resume goes on"
                 )
             if reached:
                 val = state.val_loss
                 return "target", f"reached val_loss {val:.4f} <= {tc.target_loss} at step {step}"
     return "done", ""
+
+
+def _save_everywhere(run: _Run, net: _Net, state: LoopState) -> str | None:
+    """Write a checkpoint; every process gets the same answer: None, or why it failed."""
+    try:
+        _save(run, net, state)
+    except CheckpointError as e:
+        return shared_failure(run.world, str(e), run.device, f"checkpoint at step {state.step}")
+    return shared_failure(run.world, None, run.device, f"checkpoint at step {state.step}")
 
 
 def _clock(state: LoopState) -> dict[str, float]:
@@ -354,13 +374,15 @@ def _log_train(
 ) -> None:
     """A training line: the interval's mean loss over all processes, throughput, memory."""
     now = time.perf_counter()
-    mean_loss = all_reduce_sum(run.world, state.interval_loss.clone()).item() / run.world.size
-    mean_loss /= max(1, state.interval_steps)
+    loss_sum = all_reduce_sum(run.world, state.interval_loss.clone()).double() / run.world.size
+    counts = [state.interval_steps, state.nonfinite_skips, grad_norm]
+    loss_sum, steps, skips, norm = torch.stack([loss_sum, *(c.double() for c in counts)]).tolist()
+    mean_loss = loss_sum / max(1, steps)
     tok_s = state.interval_tokens / max(now - state.interval_started, 1e-9)
     metrics.write(
         {"step": state.step, **_clock(state), "train_loss": mean_loss, "lr": lr,
-         "tokens_per_s": tok_s, "grad_norm": float(grad_norm),
-         "nonfinite_skips": state.nonfinite_skips, "rss_mb": resident_mb()}
+         "tokens_per_s": tok_s, "grad_norm": norm,
+         "nonfinite_skips": int(skips), "rss_mb": resident_mb()}
     )  # fmt: skip
     bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
     state.new_interval(now)
@@ -370,7 +392,7 @@ def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: 
     """Validation loss now, logged; returns whether it reached ``train.target_loss``."""
     tc, ctx, pad_id = run.config.train, run.config.model.context_length, run.data.tokenizer.pad_id
     loss, _ = evaluate(
-        net.eval_model, run.data.val, run.config.data, ctx, tc.eval_batch_size or tc.batch_size,
+        net.eval_model, run.data.val, run.config.data, ctx, tc.eval_batch(),
         pad_id, run.device, net.autocast, tc.eval_steps, run.world,
     )  # fmt: skip
     state.val_loss = loss

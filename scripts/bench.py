@@ -225,7 +225,9 @@ def bench_training(
         micro, n_targets = batches.step(step)
         t1 = time.perf_counter()
         loss = stepper.forward_backward(micro, n_targets)
-        stepper.update(loss)  # reads the norm: the step has finished on the device
+        stepper.update(loss)  # (reads nothing back from the device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the step has finished on the device before the clock stops
         t2 = time.perf_counter()
         if step >= warmup:
             data_times.append(t1 - t0)
