@@ -15,14 +15,18 @@ from _support import assert_one_line, losses, tiny_config, write_config
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from lm.batches import eval_batches
 from lm.checkpoint import latest_checkpoint
 from lm.config import ConfigError
+from lm.data import prepare_data
 from lm.runs import load_run
 from lm.train import train
 
 # Several micro-batches a step (FSDP's gradient sync skipped on all but the last) and a clip
 # that bites (the tiny model's gradient norm is above 0.5 from the start).
-STEPS = {"eval_every": 6, "log_every": 1, "batch_size": 8, "grad_accum": 2, "grad_clip": 0.5}
+# An odd number of evaluation batches: the processes must still run as many forwards each.
+STEPS = {"eval_every": 6, "eval_steps": 3, "log_every": 1, "batch_size": 8, "grad_accum": 2,
+         "grad_clip": 0.5}  # fmt: skip
 
 
 def torchrun(config: Path, out: Path, *flags: str) -> None:
@@ -47,10 +51,11 @@ def checkpoint_files(run_dir: Path) -> tuple[dict, dict, dict]:
 def runs(tmp_path_factory) -> Path:
     """One process, and 2-process FSDP, 6 steps each, checkpoints at 3 and 6."""
     root = tmp_path_factory.mktemp("parallel")
+    data = {"cache_dir": str(root / "cache")}  # its own (the per-test LM_CACHE is not set yet)
     cfg = {"train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
-    train(tiny_config(**cfg), root / "one", quiet=True)
+    train(tiny_config(data=data, **cfg), root / "one", quiet=True)
     fsdp = {"train": {**cfg["train"], "parallel": "fsdp"}}
-    torchrun(write_config(root / "fsdp.yaml", **fsdp), root / "fsdp")
+    torchrun(write_config(root / "fsdp.yaml", data=data, **fsdp), root / "fsdp")
     return root
 
 
@@ -100,6 +105,17 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path):
         assert straight.keys() == resumed.keys()
         for k in straight:
             torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0, msg=k)
+
+
+def test_every_process_runs_as_many_evaluation_forwards():
+    split = prepare_data(tiny_config().data).val
+    data = tiny_config().data
+    for n_batches in (1, 3, 4):
+        ranks = [list(eval_batches(split, data, 32, 2, 0, n_batches, r, 2)) for r in (0, 1)]
+        assert len(ranks[0]) == len(ranks[1]) == -(-n_batches // 2)
+        one = list(eval_batches(split, data, 32, 2, 0, n_batches))
+        real = [b["targets"][b["loss_mask"]] for b in ranks[0] + ranks[1]]
+        assert sum(len(t) for t in real) == sum(int(b["loss_mask"].sum()) for b in one)
 
 
 def test_fsdp_with_muon_is_refused_in_one_line():
