@@ -72,6 +72,20 @@ def test_two_process_fsdp_matches_one_process(runs):
     assert len(norms) == 6 and all(n > 0.5 for n in norms)  # the clip was applied every step
 
 
+def test_fsdp_in_bf16_matches_one_process_autocast_and_keeps_fp32_weights(tmp_path):
+    # FSDP's mixed precision (bf16 weights in the forward) against one process's bf16 autocast.
+    cfg = {"train": {**STEPS, "max_steps": 4, "checkpoint_every": 4, "dtype": "bf16"}}
+    train(tiny_config(**cfg), tmp_path / "one", quiet=True)
+    fsdp = {"train": {**cfg["train"], "parallel": "fsdp"}}
+    torchrun(write_config(tmp_path / "fsdp.yaml", **fsdp), tmp_path / "fsdp")
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
+    assert one.keys() == two.keys() == set(range(1, 5))
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=2e-3)
+    weights, optimizer, _ = checkpoint_files(tmp_path / "fsdp")
+    assert {t.dtype for t in [*weights.values(), *optimizer.values()]} == {torch.float32}
+
+
 def test_fsdp_checkpoint_is_a_one_process_checkpoint(runs):
     w1, o1, s1 = checkpoint_files(runs / "one")
     w2, o2, s2 = checkpoint_files(runs / "fsdp")
