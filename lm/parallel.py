@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from lm.checkpoint import CheckpointError, FullState
+from lm.checkpoint import CheckpointError, FullState, read_optimizer, read_weights
 from lm.config import ConfigError, TrainConfig
 from lm.distributed import World
 from lm.runtime import compile_enabled, compile_model
@@ -132,15 +133,13 @@ def gather_full_state(
 
 
 def load_full_state(
-    raw_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    weights: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
+    raw_model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Path, saved: dict[str, Any]
 ) -> None:
-    """Load full (unsharded) weights and numbered optimizer state, as a one-process checkpoint
-    holds them, into this process's shards. Every process passes the same full state (each
-    reads the checkpoint; a shared filesystem is required) and keeps its own slice of it."""
-    weights = dict(weights)
+    """Load a checkpoint's full weights and optimizer state (``saved``: its state.json) into
+    this process's shards. Every process reads the files (a shared filesystem is required; a
+    damaged file then fails on every process alike, none waits on the others) and keeps its
+    own slice of them."""
+    weights, optimizer_state = read_weights(checkpoint), read_optimizer(checkpoint, saved)
     for alias, kept in _aliases(raw_model).items():
         if kept in weights:
             weights[alias] = weights[kept]
@@ -148,7 +147,9 @@ def load_full_state(
     try:
         set_model_state_dict(raw_model, weights, options=options)
     except (KeyError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"the weights do not fit this model ({_first_line(e)})") from None
+        raise CheckpointError(
+            f"{checkpoint}: the weights do not fit this model ({_first_line(e)})"
+        ) from None
     names = _param_names(raw_model, optimizer)
     try:
         named = {
@@ -160,7 +161,9 @@ def load_full_state(
         }
         set_optimizer_state_dict(raw_model, optimizer, named, options=options)
     except (IndexError, KeyError, RuntimeError, ValueError) as e:
-        raise CheckpointError(f"cannot restore the optimizer ({_first_line(e)})") from None
+        raise CheckpointError(
+            f"{checkpoint}: cannot restore the optimizer ({_first_line(e)})"
+        ) from None
 
 
 def _first_line(e: BaseException) -> str:

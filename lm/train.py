@@ -29,9 +29,7 @@ from lm.checkpoint import (
     latest_checkpoint,
     load_optimizer,
     load_weights,
-    read_optimizer,
     read_state,
-    read_weights,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -258,8 +256,7 @@ def _build(run: _Run) -> _Net:
 def _restore(run: _Run, net: _Net) -> LoopState:
     """The one place a checkpoint is read back: weights, optimizer, RNG, scaler, loop state."""
     if run.checkpoint is not None and is_sharded(net.raw_model):
-        weights, optimizer = read_weights(run.checkpoint), read_optimizer(run.checkpoint, run.saved)
-        load_full_state(net.raw_model, net.optimizer, weights, optimizer)
+        load_full_state(net.raw_model, net.optimizer, run.checkpoint, run.saved)
     elif run.checkpoint is not None:
         load_weights(net.raw_model, run.checkpoint)
         load_optimizer(net.optimizer, run.checkpoint, run.saved)

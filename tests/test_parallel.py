@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,7 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path):
     # Stopped after 3 steps (all in warmup, so the schedule is the 6-step run's), then resumed.
     first = {"train": {**STEPS, "max_steps": 3, "checkpoint_every": 3, "parallel": "fsdp"}}
     torchrun(write_config(tmp_path / "three.yaml", **first), tmp_path / "resumed")
+    shutil.copytree(tmp_path / "resumed", tmp_path / "resumed_by_one")
     rest = {"train": {**first["train"], "max_steps": 6}}
     torchrun(write_config(tmp_path / "six.yaml", **rest), tmp_path / "resumed", "--resume")
     assert losses(tmp_path / "resumed") == losses(runs / "fsdp")
@@ -119,6 +121,12 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path):
         assert straight.keys() == resumed.keys()
         for k in straight:
             torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0, msg=k)
+    # The same checkpoint resumed by one process goes on along the same curve.
+    train(tiny_config(**rest), tmp_path / "resumed_by_one", resume=True, quiet=True)
+    by_one, straight = losses(tmp_path / "resumed_by_one"), losses(runs / "fsdp")
+    assert by_one.keys() == straight.keys()
+    for step in straight:
+        assert by_one[step] == pytest.approx(straight[step], rel=1e-5)
 
 
 def test_every_process_runs_as_many_evaluation_forwards():
