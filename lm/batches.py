@@ -223,6 +223,7 @@ def eval_batches(
     packed: consecutive windows tokens[i*T : i*T + T + 1], the last one shorter and padded.
     padded: every document chunk once, longest first (least padding).
     The first ``max_batches`` batches (all when None) are dealt out: rank r takes r, r + W, ...
+    and every rank gets as many batches (see below).
     """
     T = context_length
     if cfg.mode == "packed":
@@ -236,13 +237,18 @@ def eval_batches(
     if max_batches is not None:
         n_batches = min(n_batches, max_batches)
     collate = PaddedCollator(pad_id)
-    for b in range(rank, n_batches, world_size):
-        rows = slice(b * batch_size, (b + 1) * batch_size)
+    # Every rank runs as many forwards (an FSDP or DDP model communicates in each): one short of
+    # a batch in the last round repeats the last batch with no targets (its loss mask all false).
+    for b in range(rank, -(-n_batches // world_size) * world_size, world_size):
+        i = min(b, n_batches - 1)
+        rows = slice(i * batch_size, (i + 1) * batch_size)
         batch = collate(
             [split.tokens[s : s + n] for s, n in zip(starts[rows], lengths[rows], strict=True)]
         )
         if cfg.mode == "packed" and cfg.document_mask:
             batch["segment_ids"] = _segment_ids(split, starts[rows], batch["input_ids"].shape[1])
+        if b >= n_batches:
+            batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
         yield batch
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,16 @@ _NAME = re.compile(r"^step_(\d{8})$")
 
 class CheckpointError(LMError):
     """A checkpoint cannot be written or read."""
+
+
+@dataclass(frozen=True)
+class FullState:
+    """Weights and optimizer state gathered from a sharded run (``lm.parallel``), saved in the
+    same files and form as a one-process run's."""
+
+    weights: dict[str, torch.Tensor]  # tied names dropped, as safetensors.save_model drops them
+    aliases: dict[str, str]  # dropped name -> kept name (save_model's file metadata)
+    optimizer: dict[str, Any]  # optimizer.state_dict()'s form: parameters numbered
 
 
 def checkpoint_name(step: int) -> str:
@@ -112,12 +123,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
-    model: nn.Module,
+    model: nn.Module | FullState,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     keep: int,
 ) -> Path:
     """Write checkpoint ``step`` atomically, then drop all but the newest ``keep``.
+
+    ``model`` is the module, or a sharded run's :class:`FullState` (which holds the optimizer
+    state too; ``optimizer`` is then not read).
 
     On a failed write (disk full, no permission) the temporary folder is removed, earlier
     checkpoints are untouched, and :class:`CheckpointError` says what happened in one line.
@@ -130,10 +144,15 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        save_model(model, str(tmp / "model.safetensors"))
+        if isinstance(model, FullState):
+            save_file(model.weights, str(tmp / "model.safetensors"), model.aliases or None)
+            optimizer_state = model.optimizer
+        else:
+            save_model(model, str(tmp / "model.safetensors"))
+            optimizer_state = optimizer.state_dict() if optimizer is not None else None
         meta: dict[str, Any] = {}
-        if optimizer is not None:
-            tensors, meta = _flatten_optimizer(optimizer.state_dict())
+        if optimizer_state is not None:
+            tensors, meta = _flatten_optimizer(optimizer_state)
             save_file(tensors, str(tmp / "optimizer.safetensors"))
         # Checksums: a flipped bit inside tensor data is otherwise undetectable.
         sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
@@ -212,11 +231,31 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, state: dict) -> None:
     file = Path(path) / "optimizer.safetensors"
+    try:
+        optimizer.load_state_dict(read_optimizer(path, state))
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{file}: cannot restore the optimizer ({_first_line(e)})") from None
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights as named CPU tensors (tied names stored once), checked."""
+    file = Path(path) / "model.safetensors"
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no such weights file")
     verify(file)
     try:
-        tensors = load_file(str(file))
-        optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
-    except (SafetensorError, OSError, KeyError, ValueError, RuntimeError) as e:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: damaged safetensors file ({_first_line(e)})") from None
+
+
+def read_optimizer(path: str | Path, state: dict) -> dict[str, Any]:
+    """A checkpoint's optimizer state in ``optimizer.state_dict()``'s form, checked."""
+    file = Path(path) / "optimizer.safetensors"
+    verify(file)
+    try:
+        return _unflatten_optimizer(load_file(str(file)), state["optimizer"])
+    except (SafetensorError, OSError, KeyError, ValueError) as e:
         raise CheckpointError(f"{file}: cannot restore the optimizer ({_first_line(e)})") from None
 
 

@@ -236,6 +236,9 @@ class TrainConfig:
     """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
     compile: bool | None = None
     """torch.compile the model: true | false; left out (null), it compiles on CUDA only."""
+    parallel: str = "ddp"
+    """With several processes: ddp (a model copy on each) | fsdp (weights, gradients and
+    optimizer state sharded over them, for models beyond one GPU's memory)."""
     on_nonfinite: str = "stop"
     """On a NaN/inf loss or gradient: stop (keep the last good checkpoint) | skip the update."""
     on_checkpoint_error: str = "stop"
@@ -253,6 +256,13 @@ class TrainConfig:
         _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
         _choice(s, "device", self.device, DEVICES)
         _choice(s, "dtype", self.dtype, DTYPES)
+        _choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            # Muon orthogonalises whole matrices; FSDP gives each process a slice of rows.
+            raise ConfigError(
+                "train.optimizer: muon works on whole matrices and cannot run sharded "
+                "(train.parallel: fsdp); use adamw, or parallel: ddp"
+            )
         if self.compile is not None and not isinstance(self.compile, bool):  # (from Python)
             raise ConfigError(f"train.compile: expected true, false or None, got {self.compile!r}")
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)

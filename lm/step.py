@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from lm.distributed import World, all_reduce_min
 from lm.evaluate import model_inputs
 from lm.model import loss_sum
 from lm.optim import step_unless_nonfinite
+from lm.parallel import skip_gradient_sync
 
 
 class Stepper:
@@ -26,7 +28,7 @@ class Stepper:
 
     Each micro-batch's summed loss is divided by the number of real targets in the whole global
     batch (times the process count, since DDP averages gradients), so accumulated gradients are
-    exactly those of one big batch. DDP syncs gradients only on the last micro-batch.
+    exactly those of one big batch. DDP or FSDP syncs gradients only on the last micro-batch.
     """
 
     def __init__(
@@ -55,7 +57,7 @@ class Stepper:
             b = model_inputs(batch, self.device)
             last = i == len(micro_batches) - 1
             no_sync = self.world.distributed and not last
-            with self.model.no_sync() if no_sync else contextlib.nullcontext():
+            with skip_gradient_sync(self.model) if no_sync else contextlib.nullcontext():
                 with self.autocast:
                     logits = self.model(**b["inputs"])
                 loss = loss_sum(logits, b["targets"], b["loss_mask"]) * scale
@@ -68,6 +70,8 @@ class Stepper:
         device scalars that nothing here reads, so the host never waits for the device."""
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        if isinstance(grad_norm, DTensor):  # FSDP: the norm over every process's shards
+            grad_norm = grad_norm.full_tensor()
         finite = torch.isfinite(grad_norm) & torch.isfinite(step_loss)
         # Every process must skip together; the gradient norm already agrees (gradients are
         # all-reduced), each process's own loss need not.

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from lm.batches import TrainBatches
 from lm.board import check_board, open_board
 from lm.checkpoint import (
     CheckpointError,
+    FullState,
     latest_checkpoint,
     load_optimizer,
     load_weights,
@@ -51,6 +51,7 @@ from lm.evaluate import evaluate
 from lm.metrics import MetricsLog
 from lm.model import TransformerLM
 from lm.optim import build_optimizer, lr_at, set_lr
+from lm.parallel import gather_full_state, is_sharded, load_full_state, wrap_model
 from lm.runs import (
     CONFIG,
     METRICS,
@@ -64,8 +65,6 @@ from lm.runs import (
 from lm.runtime import (
     StopSignals,
     autocast_context,
-    compile_enabled,
-    compile_model,
     resident_mb,
     resolve_device,
     resolve_dtype,
@@ -141,8 +140,8 @@ class _Run:
 class _Net:
     """The network and what trains it."""
 
-    raw_model: TransformerLM  # neither compiled nor wrapped: what checkpoints save and load
-    model: torch.nn.Module  # compiled and DDP-wrapped as configured: what the steps run
+    raw_model: TransformerLM  # not compiled nor DDP-wrapped (FSDP shards it in place)
+    model: torch.nn.Module  # DDP-wrapped or sharded, then compiled, as configured: what runs
     eval_model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
@@ -239,13 +238,10 @@ def _build(run: _Run) -> _Net:
     raw_model = TransformerLM(run.config.model).to(device)
     if run.init_from is not None:  # after write_record: it checks the tokenizer, notes the origin
         init_weights_from(raw_model, run.init_from, run.run_dir if world.is_main else None)
-    optimizer = build_optimizer(raw_model, tc, device)
     dtype = resolve_dtype(tc.dtype, device, run.config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    model = compile_model(raw_model, device) if compile_enabled(tc.compile, device) else raw_model
-    if world.distributed:
-        ids = [device.index] if device.type == "cuda" else None
-        model = DistributedDataParallel(model, device_ids=ids)
+    model = wrap_model(raw_model, tc, world, device, dtype)
+    optimizer = build_optimizer(raw_model, tc, device)  # after sharding: on the shards
     autocast = autocast_context(device, dtype)
     stepper = Stepper(model, raw_model, optimizer, scaler, autocast, world, device, tc.grad_clip)
     batches = TrainBatches(
@@ -270,9 +266,12 @@ def _build(run: _Run) -> _Net:
 
 def _restore(run: _Run, net: _Net) -> LoopState:
     """The one place a checkpoint is read back: weights, optimizer, RNG, scaler, loop state."""
-    if run.checkpoint is not None:
+    if run.checkpoint is not None and is_sharded(net.raw_model):
+        load_full_state(net.raw_model, net.optimizer, run.checkpoint, run.saved)
+    elif run.checkpoint is not None:
         load_weights(net.raw_model, run.checkpoint)
         load_optimizer(net.optimizer, run.checkpoint, run.saved)
+    if run.checkpoint is not None:
         set_rng_state(run.saved["rng"])
         if "scaler" in run.saved and net.scaler.is_enabled():
             net.scaler.load_state_dict(run.saved["scaler"])
@@ -281,8 +280,12 @@ def _restore(run: _Run, net: _Net) -> LoopState:
 
 
 def _save(run: _Run, net: _Net, state: LoopState) -> None:
-    """The one place a checkpoint is written (by the main process only)."""
-    if not run.world.is_main:
+    """The one place a checkpoint is written (by the main process only; under FSDP every
+    process first takes part in gathering the full state)."""
+    model: torch.nn.Module | FullState | None = net.raw_model
+    if is_sharded(net.raw_model):
+        model = gather_full_state(net.raw_model, net.optimizer, run.world)
+    if not run.world.is_main or model is None:
         return
     entries = {
         "rng": rng_state(),
@@ -293,7 +296,7 @@ def _save(run: _Run, net: _Net, state: LoopState) -> None:
     if net.scaler.is_enabled():
         entries["scaler"] = net.scaler.state_dict()
     keep = run.config.train.keep_checkpoints
-    save_checkpoint(run.run_dir, state.step, net.raw_model, net.optimizer, entries, keep)
+    save_checkpoint(run.run_dir, state.step, model, net.optimizer, entries, keep)
 
 
 def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
