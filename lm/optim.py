@@ -136,12 +136,11 @@ class Muon(torch.optim.Optimizer):
     @staticmethod
     def _adamw_update(p: torch.Tensor, state: dict, group: dict, skip) -> None:
         if not state:
-            # float64: the bias corrections below are computed as Python floats would be.
-            state["step"] = torch.zeros((), dtype=torch.float64, device=p.device)
+            state["step"] = torch.zeros((), dtype=_step_dtype(p.device), device=p.device)
             state["exp_avg"] = torch.zeros_like(p)
             state["exp_avg_sq"] = torch.zeros_like(p)
         beta1, beta2 = group["betas"]
-        step = state["step"].to(p.device, torch.float64, non_blocking=True) + 1  # (a 0-d tensor)
+        step = state["step"].to(p.device, _step_dtype(p.device), non_blocking=True) + 1  # 0-d
         exp_avg = state["exp_avg"].lerp(p.grad, 1 - beta1)
         exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
         denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(group["eps"])
@@ -151,6 +150,12 @@ class Muon(torch.optim.Optimizer):
             _assign(state[name], value, skip)
         state["step"] = step if skip is None else torch.where(skip, step - 1, step)
         _assign(p, new, skip)
+
+
+def _step_dtype(device: torch.device) -> torch.dtype:
+    """float64, so that the bias corrections are computed as Python floats would be (MPS has
+    no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def _assign(target: torch.Tensor, value: torch.Tensor, skip: torch.Tensor | None) -> None:

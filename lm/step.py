@@ -138,7 +138,11 @@ class LoopState:
     def to_checkpoint(self) -> dict[str, Any]:
         """The loop's entries of ``state.json`` (the step is the checkpoint's own)."""
         loss, steps, skips = torch.stack(
-            [self.interval_loss.double(), self.interval_steps.double(), self.nonfinite_skips]
+            [
+                self.interval_loss.double(),
+                self.interval_steps.double(),
+                self.nonfinite_skips.double(),
+            ]
         ).tolist()
         return {
             "elapsed_s": self.elapsed_s(),
