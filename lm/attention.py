@@ -149,14 +149,18 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        shared: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x [B, Lq, d]`` to ``context [B, Lc, d]`` (itself when None).
 
-        ``key_mask [B, Lc]`` is True at real keys; ``causal`` blocks keys in later slots (with a
-        cache, the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
+        ``key_mask [B, Lc]`` is True at real keys (with a cache: ``[B, capacity]``, every slot;
+        left out, the cache's filled slots); ``causal`` blocks keys in later slots (with a cache,
+        the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
         ``[B, L]``) place queries and keys for rope/alibi, default ``0..L-1``; ``rope`` may carry
         precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask, broadcastable
-        to ``[B, H, Lq, Lc]``. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
+        to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers of one forward pass share (they
+        must have the same inputs but for ``x``): the first stores the masks and score bias it
+        builds, the others reuse them. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
         """
         q, k, v = self._project(x, context)  # (B, H, Lq, d_k), (B, H, Lc, d_k), (B, H, Lc, d_k)
 
@@ -185,20 +189,16 @@ class MultiHeadAttention(nn.Module):
             # One new query: the filled-slot mask already hides every later slot.
             causal, causal_from = causal and q.shape[2] > 1, past
 
-        # Mask: which keys each query may read, then the score bias (ALiBi).
-        Lq, Lk = q.shape[2], k.shape[2]
-        if key_mask is not None:
-            mask = _and(mask, key_mask[:, None, None, :])  # (B, 1, 1, Lk): same for every query
+        # Mask: which keys each query may read, then the score bias (ALiBi). Every layer of one
+        # forward pass has the same ones: the first layer builds them, the others reuse them.
         explicit = self.kernel == "math" or need_weights
-        # The common training case needs no mask tensor at all: the kernel's own causal path.
-        kernel_causal = causal and Lq == Lk and mask is None and not explicit
-        kernel_causal = kernel_causal and self.position != "alibi"
-        allowed, empty = _allowed(mask, causal and not kernel_causal, Lq, Lk, x.device, causal_from)
-        bias = None
-        if self.position == "alibi":
-            bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)  # (B|1, H, Lq, Lk)
-        if explicit or bias is not None:  # additive: -inf where blocked, plus the bias
-            allowed = _float_mask(allowed, bias, q.dtype)
+        masks = shared.get("masks") if shared is not None else None
+        if masks is None:
+            where = (positions, key_positions, causal_from)
+            masks = self._masks(q, k, mask, key_mask, causal, where, explicit)
+            if shared is not None:
+                shared["masks"] = masks
+        allowed, empty, kernel_causal = masks
 
         y, weights = self._attend(q, k, v, allowed, kernel_causal, explicit)  # (B, H, Lq, d_k)
         if empty is not None:  # a query with no key to read gets a zero output, never NaN
@@ -206,6 +206,34 @@ class MultiHeadAttention(nn.Module):
             weights = None if weights is None else weights.masked_fill(empty, 0.0)
         y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
         return self.out(y), weights
+
+    def _masks(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+        causal: bool,
+        where: tuple[torch.Tensor, torch.Tensor, int | None],
+        explicit: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
+        """What the kernel gets: the mask (boolean, or additive with the ALiBi bias added;
+        broadcastable to ``[B, H, Lq, Lk]``; None: none), the rows left with no key (or None),
+        and whether the kernel's own causal path replaces a mask tensor."""
+        positions, key_positions, causal_from = where
+        Lq, Lk = q.shape[2], k.shape[2]
+        if key_mask is not None:
+            mask = _and(mask, key_mask[:, None, None, :])  # (B, 1, 1, Lk): same for every query
+        # The common training case needs no mask tensor at all: the kernel's own causal path.
+        kernel_causal = causal and Lq == Lk and mask is None and not explicit
+        kernel_causal = kernel_causal and self.position != "alibi"
+        allowed, empty = _allowed(mask, causal and not kernel_causal, Lq, Lk, q.device, causal_from)
+        bias = None
+        if self.position == "alibi":
+            bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)  # (B|1, H, Lq, Lk)
+        if explicit or bias is not None:  # additive: -inf where blocked, plus the bias
+            allowed = _float_mask(allowed, bias, q.dtype)
+        return allowed, empty, kernel_causal
 
     def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:
         """``Q = X W_Q^T``, ``K = C W_K^T``, ``V = C W_V^T`` (``C = X`` unless cross-attention)."""

@@ -114,3 +114,32 @@ def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
     from lm.position import sinusoidal_table
 
     torch.testing.assert_close(model.sinusoids, sinusoidal_table(16, 16))
+
+
+@pytest.mark.parametrize("position", ["alibi", "rope"])
+def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_path(
+    position, monkeypatch
+):
+    import lm.attention as attention
+
+    fused = tiny(position, n_layer=3)
+    explicit = tiny(position, n_layer=3, attention="math")
+    ids = torch.randint(1, 37, (2, 10))
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, :3] = False  # left padding
+    segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    calls = {"alibi_bias": 0, "_allowed": 0}
+    for name in calls:
+        real = getattr(attention, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(attention, name, counted)
+    with torch.no_grad():
+        a = fused(ids, key_mask=key_mask, segment_ids=segments)
+        assert calls == {"alibi_bias": int(position == "alibi"), "_allowed": 1}  # not per layer
+        b = explicit(ids, key_mask=key_mask, segment_ids=segments)
+    real = key_mask  # pads' outputs are unspecified
+    torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
