@@ -125,3 +125,14 @@ def test_sampled_continuation_does_not_depend_on_its_neighbours(position):
     # The seed still matters, and neighbours sampled from the same seed differ.
     assert generate(model, [prompt], 16, **{**kw, "seed": 6})[0] != alone
     assert generate(model, [other], 16, **kw)[0] != alone
+
+
+def test_a_row_that_ends_early_leaves_the_others_decoding():
+    model = random_model("rope")
+    short, long = [1, 2], [11, 12]
+    eod = generate(model, [short], 1, pad_id=0)[0][0]
+    alone = generate(model, [long], 40, pad_id=0)[0]
+    expected = alone[: alone.index(eod)] if eod in alone else alone
+    assert len(expected) > 16  # the long row outlives the first all-done check
+    # Row 0 ends at once; row 1 runs on (past several all-done checks) up to its own end.
+    assert generate(model, [short, long], 40, pad_id=0, eod_id=eod) == [[], expected]
