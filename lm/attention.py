@@ -58,23 +58,42 @@ class LayerKVCache:
     """Keys and values of one layer for incremental decoding, preallocated to ``capacity`` slots.
 
     Keys are stored after RoPE, so each cached key keeps the rotation of its own position.
+    Attention always reads every slot (unfilled ones masked), and new keys are written at a
+    device-side slot index: a one-token step has the same shapes and no host-side slicing at
+    every step, so it can be compiled or captured as a CUDA graph.
     """
 
-    def __init__(self, batch: int, n_head: int, capacity: int, head_dim: int, like: torch.Tensor):
+    def __init__(
+        self,
+        batch: int,
+        n_head: int,
+        capacity: int,
+        head_dim: int,
+        like: torch.Tensor,
+        dtype: torch.dtype | None = None,
+    ):
         shape = (batch, n_head, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        self.v = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        self.length = 0  # slots filled; only append() moves it
+        dtype = dtype or like.dtype
+        self.k = torch.zeros(shape, dtype=dtype, device=like.device)
+        self.v = torch.zeros(shape, dtype=dtype, device=like.device)
+        self.length = 0  # slots filled (host bookkeeping); only append() moves it
+        self._slot = torch.arange(capacity, device=like.device)  # (capacity,)
+        self._next = torch.zeros((), dtype=torch.long, device=like.device)  # first free slot
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``k, v [B, H, L, d]`` after the cached slots; return all keys and values so far."""
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store ``k, v [B, H, L, d]`` in the next L slots. Returns every slot's keys and values
+        ``[B, H, capacity, d]`` and which slots are filled, ``[capacity]`` (True = filled)."""
         end = self.length + k.shape[2]
         if end > self.k.shape[2]:
             raise ValueError(f"KV cache holds {self.k.shape[2]} slots; {end} requested")
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
+        slots = self._next + self._slot[: k.shape[2]]  # (L,) on the device
+        self.k.index_copy_(2, slots, k.to(self.k.dtype))
+        self.v.index_copy_(2, slots, v.to(self.v.dtype))
+        self._next += k.shape[2]
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.k, self.v, self._slot < self._next
 
 
 class MultiHeadAttention(nn.Module):
@@ -130,14 +149,18 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        shared: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attend from ``x [B, Lq, d]`` to ``context [B, Lc, d]`` (itself when None).
 
-        ``key_mask [B, Lc]`` is True at real keys; ``causal`` blocks keys in later slots (with a
-        cache, the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
+        ``key_mask [B, Lc]`` is True at real keys (with a cache: ``[B, capacity]``, every slot;
+        left out, the cache's filled slots); ``causal`` blocks keys in later slots (with a cache,
+        the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
         ``[B, L]``) place queries and keys for rope/alibi, default ``0..L-1``; ``rope`` may carry
         precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask, broadcastable
-        to ``[B, H, Lq, Lc]``. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
+        to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers of one forward pass share (they
+        must have the same inputs but for ``x``): the first stores the masks and score bias it
+        builds, the others reuse them. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
         """
         q, k, v = self._project(x, context)  # (B, H, Lq, d_k), (B, H, Lc, d_k), (B, H, Lc, d_k)
 
@@ -149,8 +172,8 @@ class MultiHeadAttention(nn.Module):
             positions if context is None else torch.arange(k.shape[2], device=x.device)
         )
         if key_positions is None:
-            if past and self.position == "alibi":
-                raise ValueError("with a filled cache, pass key_positions for every cached key")
+            if cache is not None and self.position == "alibi":
+                raise ValueError("with a cache, pass key_positions for every cache slot")
             key_positions = new_key_positions
         if self.position == "rope" and rope is not None and context is None:
             q, k = rotate_pairs(q, *rope), rotate_pairs(k, *rope)  # cos, sin at these positions
@@ -158,23 +181,24 @@ class MultiHeadAttention(nn.Module):
             q = apply_rope(q, positions, self.rope_base)
             k = apply_rope(k, new_key_positions, self.rope_base)
 
+        causal_from = None  # slot of the first query; None: the queries fill the last slots
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, H, Lk, d_k): the cached keys, then the new ones
+            k, v, filled = cache.append(k, v)  # (B, H, capacity, d_k): every slot, filled or not
+            if key_mask is None:
+                key_mask = filled.expand(q.shape[0], -1)  # (B, capacity)
+            # One new query: the filled-slot mask already hides every later slot.
+            causal, causal_from = causal and q.shape[2] > 1, past
 
-        # Mask: which keys each query may read, then the score bias (ALiBi).
-        Lq, Lk = q.shape[2], k.shape[2]
-        if key_mask is not None:
-            mask = _and(mask, key_mask[:, None, None, :])  # (B, 1, 1, Lk): same for every query
+        # Mask: which keys each query may read, then the score bias (ALiBi). Every layer of one
+        # forward pass has the same ones: the first layer builds them, the others reuse them.
         explicit = self.kernel == "math" or need_weights
-        # The common training case needs no mask tensor at all: the kernel's own causal path.
-        kernel_causal = causal and Lq == Lk and mask is None and not explicit
-        kernel_causal = kernel_causal and self.position != "alibi"
-        allowed, empty = _allowed(mask, causal and not kernel_causal, Lq, Lk, x.device)
-        bias = None
-        if self.position == "alibi":
-            bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)  # (B|1, H, Lq, Lk)
-        if explicit or bias is not None:  # additive: -inf where blocked, plus the bias
-            allowed = _float_mask(allowed, bias, q.dtype)
+        masks = shared.get("masks") if shared is not None else None
+        if masks is None:
+            where = (positions, key_positions, causal_from)
+            masks = self._masks(q, k, mask, key_mask, causal, where, explicit)
+            if shared is not None:
+                shared["masks"] = masks
+        allowed, empty, kernel_causal = masks
 
         y, weights = self._attend(q, k, v, allowed, kernel_causal, explicit)  # (B, H, Lq, d_k)
         if empty is not None:  # a query with no key to read gets a zero output, never NaN
@@ -182,6 +206,34 @@ class MultiHeadAttention(nn.Module):
             weights = None if weights is None else weights.masked_fill(empty, 0.0)
         y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
         return self.out(y), weights
+
+    def _masks(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        mask: torch.Tensor | None,
+        key_mask: torch.Tensor | None,
+        causal: bool,
+        where: tuple[torch.Tensor, torch.Tensor, int | None],
+        explicit: bool,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, bool]:
+        """What the kernel gets: the mask (boolean, or additive with the ALiBi bias added;
+        broadcastable to ``[B, H, Lq, Lk]``; None: none), the rows left with no key (or None),
+        and whether the kernel's own causal path replaces a mask tensor."""
+        positions, key_positions, causal_from = where
+        Lq, Lk = q.shape[2], k.shape[2]
+        if key_mask is not None:
+            mask = _and(mask, key_mask[:, None, None, :])  # (B, 1, 1, Lk): same for every query
+        # The common training case needs no mask tensor at all: the kernel's own causal path.
+        kernel_causal = causal and Lq == Lk and mask is None and not explicit
+        kernel_causal = kernel_causal and self.position != "alibi"
+        allowed, empty = _allowed(mask, causal and not kernel_causal, Lq, Lk, q.device, causal_from)
+        bias = None
+        if self.position == "alibi":
+            bias = alibi_bias(self.slopes, positions, key_positions).to(q.dtype)  # (B|1, H, Lq, Lk)
+        if explicit or bias is not None:  # additive: -inf where blocked, plus the bias
+            allowed = _float_mask(allowed, bias, q.dtype)
+        return allowed, empty, kernel_causal
 
     def _project(self, x: torch.Tensor, context: torch.Tensor | None) -> list[torch.Tensor]:
         """``Q = X W_Q^T``, ``K = C W_K^T``, ``V = C W_V^T`` (``C = X`` unless cross-attention)."""
@@ -218,15 +270,22 @@ class MultiHeadAttention(nn.Module):
 
 
 def _allowed(
-    mask: torch.Tensor | None, causal: bool, Lq: int, Lk: int, device: torch.device
+    mask: torch.Tensor | None,
+    causal: bool,
+    Lq: int,
+    Lk: int,
+    device: torch.device,
+    first: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Which keys each query may read (boolean, broadcastable to ``[B, H, Lq, Lk]``; None: all),
     and the rows a ``mask`` left with none (``[..., Lq, 1]``), which read every key so that the
-    kernel stays finite and are zeroed afterwards."""
+    kernel stays finite and are zeroed afterwards. The queries sit in slots ``first ...``
+    (default: the last Lq slots)."""
     allowed = mask
-    if causal and not (Lq == 1 and mask is None):  # a lone last query may read every key
-        # The queries occupy the last Lq slots: query i reads keys up to slot Lk - Lq + i.
-        allowed = _and(mask, torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril(Lk - Lq))
+    first = Lk - Lq if first is None else first
+    if causal and not (Lq == 1 and first == Lk - 1 and mask is None):  # last query: every key
+        # Query i reads keys up to slot first + i.
+        allowed = _and(mask, torch.ones(Lq, Lk, dtype=torch.bool, device=device).tril(first))
     if mask is None:
         return allowed, None  # causality alone leaves every query its own key
     empty = ~allowed.any(dim=-1, keepdim=True)

@@ -29,20 +29,29 @@ EVAL_FILE = "eval.json"
 def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
     """Move a batch to ``device`` and keep only the masks the model needs.
 
-    A key mask that is all True is dropped on the host, so the model takes the fused causal
-    kernel; the check happens before the copy and never waits for the device.
+    The key mask is dropped, so the model takes the fused causal kernel with no mask tensor,
+    when it is all True or when every row's padding is on the right and no document mask
+    applies: the causal mask already hides trailing pads from every real query, the pads carry
+    no loss, and the positions ``0..T-1`` the model then uses count the real tokens of each row
+    exactly. The check reads the host batch before the copy and never waits for the device.
     """
     if device.type == "cuda":  # pinned host memory: the copy overlaps with the previous step
         moved = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
     else:
         moved = {k: v.to(device) for k, v in batch.items()}
     inputs: dict[str, Any] = {"input_ids": moved["input_ids"]}
-    if not bool(batch["key_mask"].all()):
+    if "segment_ids" in batch or not _right_padded(batch["key_mask"]):
         inputs["key_mask"] = moved["key_mask"]
     if "segment_ids" in moved:
         inputs["segment_ids"] = moved["segment_ids"]
     loss_mask = None if bool(batch["loss_mask"].all()) else moved["loss_mask"]
     return {"inputs": inputs, "targets": moved["targets"], "loss_mask": loss_mask}
+
+
+def _right_padded(key_mask: torch.Tensor) -> bool:
+    """True when no real token follows a pad in any row of ``key_mask [B, T]`` (host tensor);
+    an all-True mask counts."""
+    return bool((key_mask[:, 1:] <= key_mask[:, :-1]).all())
 
 
 @torch.no_grad()

@@ -73,35 +73,46 @@ class Block(nn.Module):
 
 class KVCache:
     """Every layer's keys and values, plus what all layers share: which slots hold real tokens
-    and at which positions. Slots are filled left to right, ``capacity`` at most.
+    and at which positions. Slots are filled left to right, ``capacity`` at most; attention reads
+    every slot through ``key_mask`` (False at pads and unfilled slots), so a one-token step has
+    fixed shapes. ``dtype`` stores keys and values in another precision (bf16 under autocast).
 
     Only ``extend`` (and each layer's ``append``) changes the cache.
     """
 
-    def __init__(self, model: TransformerLM, batch: int, capacity: int):
+    def __init__(
+        self, model: TransformerLM, batch: int, capacity: int, dtype: torch.dtype | None = None
+    ):
         like = next(model.parameters())
         cfg = model.config
         self.layers = [
-            LayerKVCache(batch, cfg.n_head, capacity, cfg.head_dim, like) for _ in model.blocks
+            LayerKVCache(batch, cfg.n_head, capacity, cfg.head_dim, like, dtype)
+            for _ in model.blocks
         ]
-        self.length = 0  # slots filled
-        self._key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
-        self._positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
+        self.length = 0  # slots filled (host bookkeeping)
+        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
+        self.key_positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
         self._real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
+        self._slot = torch.arange(capacity, device=like.device)
+        self._next = torch.zeros((), dtype=torch.long, device=like.device)  # first free slot
 
     def extend(self, new_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Record T new slots (``new_mask [B, T]``, True = real). Returns their positions
         ``[B, T]``, each row counting on from its own real tokens, and the key mask and key
-        positions of every slot so far, ``[B, length]`` each."""
-        start, end = self.length, self.length + new_mask.shape[1]
-        if end > self._key_mask.shape[1]:
-            raise ValueError(f"KV cache holds {self._key_mask.shape[1]} slots; {end} requested")
+        positions of the filled slots, ``[B, length]`` each (views of ``key_mask`` and
+        ``key_positions``, which cover every slot)."""
+        T = new_mask.shape[1]
+        end = self.length + T
+        if end > self.key_mask.shape[1]:
+            raise ValueError(f"KV cache holds {self.key_mask.shape[1]} slots; {end} requested")
         positions = positions_from_mask(new_mask, self._real)
-        self._key_mask[:, start:end] = new_mask
-        self._positions[:, start:end] = positions
+        slots = self._next + self._slot[:T]  # (T,): written at a device-side index
+        self.key_mask.index_copy_(1, slots, new_mask)
+        self.key_positions.index_copy_(1, slots, positions)
         self._real += new_mask.sum(dim=1)
+        self._next += T
         self.length = end
-        return positions, self._key_mask[:, :end], self._positions[:, :end]
+        return positions, self.key_mask[:, :end], self.key_positions[:, :end]
 
 
 class TransformerLM(nn.Module):
@@ -200,7 +211,8 @@ class TransformerLM(nn.Module):
         if cache is not None:
             if key_mask is None:
                 key_mask = torch.ones_like(input_ids, dtype=torch.bool)
-            positions, key_mask, key_positions = cache.extend(key_mask)  # keys: (B, past + T)
+            positions = cache.extend(key_mask)[0]
+            key_mask, key_positions = cache.key_mask, cache.key_positions  # (B, capacity)
         elif segment_ids is not None:
             positions = positions_from_segments(segment_ids)
         elif key_mask is not None:
@@ -210,6 +222,7 @@ class TransformerLM(nn.Module):
 
         x = self._embed(input_ids, positions, past + T)  # (B, T, d)
         attn = {"positions": positions, "key_mask": key_mask, "key_positions": key_positions}
+        attn["shared"] = {}  # masks and ALiBi bias: built by the first layer, reused by the rest
         if segment_ids is not None:  # attention stays inside each document: (B, 1, T, T)
             attn["mask"] = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
         if self.config.position == "rope":  # cos and sin computed once, for every layer

@@ -6,19 +6,48 @@ every layer's keys and values, so each new token costs one position's work inste
 prefix. Past ``context_length`` every scheme works the same way: each new token is predicted
 from the last ``context_length`` tokens, recomputed, so with or without the cache the text is
 the same.
+
+On a GPU the model runs under bf16 autocast (where supported; fp32 on CPUs). New tokens stay on
+the device in one preallocated buffer: the host reads it once at the end (and checks whether
+every row has ended only every ``DONE_CHECK_EVERY`` tokens). With a seed, each prompt draws from
+its own generator seeded from the seed and the prompt's tokens, so a prompt's continuation is
+the same alone, anywhere in a batch, and whatever its neighbours; identical prompts in one
+batch therefore sample identically.
 """
 
 from __future__ import annotations
+
+import contextlib
+import hashlib
 
 import torch
 
 from lm.model import KVCache, TransformerLM
 
+DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"
+
+
+def prompt_generators(
+    prompts: list[list[int]], seed: int, device: torch.device
+) -> list[torch.Generator]:
+    """One generator per prompt, seeded from ``seed`` and the prompt's tokens (not its index,
+    so reordering or regrouping prompts changes no continuation)."""
+    generators = []
+    for p in prompts:
+        digest = hashlib.sha256(f"{seed}:{','.join(map(str, p))}".encode()).digest()
+        seed_p = int.from_bytes(digest[:8], "little") & (2**63 - 1)
+        generators.append(torch.Generator(device=device).manual_seed(seed_p))
+    return generators
+
 
 def _choose(
-    logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    generators: list[torch.Generator] | None,
 ) -> torch.Tensor:
-    """Next token per row from last-position logits ``[B, V]``."""
+    """Next token per row from last-position logits ``[B, V]``; row i draws from
+    ``generators[i]`` when given (else the global generator)."""
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -26,7 +55,18 @@ def _choose(
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if generators is None:
+        return torch.multinomial(probs, 1).squeeze(-1)
+    pairs = zip(probs, generators, strict=True)
+    rows = [torch.multinomial(p[None], 1, generator=g) for p, g in pairs]  # (1, 1) each
+    return torch.cat(rows).squeeze(-1)
+
+
+def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on GPUs that support it; CPUs decode in the model's own dtype."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -48,40 +88,54 @@ def generate(
     device = next(model.parameters()).device
     C = model.config.context_length
     B, S = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, S), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros(B, S, dtype=torch.bool, device=device)
-    for i, p in enumerate(prompts):  # left padding: every row's last token is in the last column
-        ids[i, S - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[i, S - len(p) :] = True
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    # Every slot the decoding will use, preallocated: (B, S + max_new_tokens).
+    ids = torch.full((B, S + max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(B, S + max_new_tokens, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):  # left padding: every row's last token is in column S - 1
+        ids[i, S - len(p) : S] = torch.tensor(p, dtype=torch.long)
+        mask[i, S - len(p) : S] = True
+    generators = None if seed is None else prompt_generators(prompts, seed, device)
+    autocast = _autocast(device)
+    cache_dtype = torch.bfloat16 if isinstance(autocast, torch.autocast) else None
 
-    out: list[list[int]] = [[] for _ in prompts]
     done = torch.zeros(B, dtype=torch.bool, device=device)
     cache: KVCache | None = None
-    for _ in range(max_new_tokens):
-        S = ids.shape[1]
-        if use_cache and S <= C:
-            if cache is None:
-                cache = KVCache(model, B, C)
-                logits = model(ids, key_mask=mask, cache=cache)
-            else:
-                logits = model(ids[:, -1:], key_mask=mask[:, -1:], cache=cache)
-        else:  # beyond the context (or no cache): recompute over the last C slots
-            logits = model(ids[:, -C:], key_mask=mask[:, -C:])
-        nxt = _choose(logits[:, -1], temperature, top_k, generator)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        # One host copy per step for the whole batch (indexing the device tensor per row would
-        # copy once per row).
-        for row, token, finished in zip(out, nxt.tolist(), done.tolist(), strict=True):
-            if not finished and token != eod_id:
-                row.append(token)
+    steps = 0
+    for step in range(max_new_tokens):
+        end = S + step  # slots filled so far
+        with autocast:
+            if use_cache and end <= C:
+                if cache is None:  # the prompt: capacity for every slot up to the context
+                    cache = KVCache(model, B, min(C, S + max_new_tokens), cache_dtype)
+                    logits = model(ids[:, :end], key_mask=mask[:, :end], cache=cache)
+                else:  # one new token: fixed shapes, whatever the step
+                    logits = model(
+                        ids[:, end - 1 : end], key_mask=mask[:, end - 1 : end], cache=cache
+                    )
+            else:  # beyond the context (or no cache): recompute over the last C slots
+                window = slice(max(0, end - C), end)
+                logits = model(ids[:, window], key_mask=mask[:, window])
+        nxt = _choose(logits[:, -1], temperature, top_k, generators)
         # A finished row keeps receiving masked pads, which no real query ever sees.
-        ids = torch.cat([ids, nxt[:, None]], dim=1)
-        mask = torch.cat([mask, ~done[:, None]], dim=1)
+        ids[:, end] = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        mask[:, end] = ~done
+        steps = step + 1
         if eod_id is not None:
             done = done | (nxt == eod_id)
-            if bool(done.all()):
+            if steps % DONE_CHECK_EVERY == 0 and bool(done.all()):  # the only host read
                 break
+    return _continuations(ids[:, S : S + steps], mask[:, S : S + steps], eod_id)
+
+
+def _continuations(
+    new_ids: torch.Tensor, new_mask: torch.Tensor, eod_id: int | None
+) -> list[list[int]]:
+    """Each row's new tokens ``[B, steps]`` up to (not including) its first ``eod_id``: one
+    host copy for the whole batch."""
+    out = []
+    for row, real in zip(new_ids.tolist(), new_mask.tolist(), strict=True):
+        kept = [t for t, r in zip(row, real, strict=True) if r]
+        if eod_id is not None and eod_id in kept:
+            kept = kept[: kept.index(eod_id)]
+        out.append(kept)
     return out

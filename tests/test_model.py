@@ -47,6 +47,35 @@ def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel
 
 
 @pytest.mark.parametrize("position", POSITIONS)
+def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position):
+    from lm.batches import PaddedCollator
+    from lm.evaluate import model_inputs
+    from lm.model import loss_sum
+
+    model = tiny(position)
+    seqs = [torch.randint(1, 37, (n,)).tolist() for n in (12, 5, 8)]
+    right = PaddedCollator(pad_id=0, padding_side="right")(seqs)
+    b = model_inputs(right, torch.device("cpu"))
+    assert "key_mask" not in b["inputs"]  # the fused causal path: no mask tensor
+    real = right["key_mask"]
+    with torch.no_grad():
+        fast = model(**b["inputs"])
+        masked = model(right["input_ids"], key_mask=real)
+    torch.testing.assert_close(fast[real], masked[real], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        loss_sum(fast, b["targets"], b["loss_mask"]),
+        loss_sum(masked, right["targets"], right["loss_mask"]),
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    # Left padding and document masks still need the key mask.
+    left = PaddedCollator(pad_id=0, padding_side="left")(seqs)
+    assert "key_mask" in model_inputs(left, torch.device("cpu"))["inputs"]
+    right["segment_ids"] = torch.zeros_like(right["input_ids"])
+    assert "key_mask" in model_inputs(right, torch.device("cpu"))["inputs"]
+
+
+@pytest.mark.parametrize("position", POSITIONS)
 def test_document_segments_equal_separate_documents(position):
     model = tiny(position)
     a, b = torch.randint(1, 37, (5,)), torch.randint(1, 37, (6,))
@@ -85,3 +114,32 @@ def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
     from lm.position import sinusoidal_table
 
     torch.testing.assert_close(model.sinusoids, sinusoidal_table(16, 16))
+
+
+@pytest.mark.parametrize("position", ["alibi", "rope"])
+def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_path(
+    position, monkeypatch
+):
+    import lm.attention as attention
+
+    fused = tiny(position, n_layer=3)
+    explicit = tiny(position, n_layer=3, attention="math")
+    ids = torch.randint(1, 37, (2, 10))
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, :3] = False  # left padding
+    segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    calls = {"alibi_bias": 0, "_allowed": 0}
+    for name in calls:
+        real = getattr(attention, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(attention, name, counted)
+    with torch.no_grad():
+        a = fused(ids, key_mask=key_mask, segment_ids=segments)
+        assert calls == {"alibi_bias": int(position == "alibi"), "_allowed": 1}  # not per layer
+        b = explicit(ids, key_mask=key_mask, segment_ids=segments)
+    real = key_mask  # pads' outputs are unspecified
+    torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)

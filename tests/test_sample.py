@@ -109,3 +109,30 @@ def test_generation_stops_at_end_of_document():
     first = generate(model, [[1, 2]], 1, pad_id=0)[0][0]
     # Declaring that very token the end-of-document marker stops the row before it.
     assert generate(model, [[1, 2]], 10, pad_id=0, eod_id=first) == [[]]
+
+
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none"])
+def test_sampled_continuation_does_not_depend_on_its_neighbours(position):
+    model = random_model(position)
+    with torch.no_grad():  # softer logits than random_model's, so sampling really varies
+        model.embed.weight.div_(20)
+    prompt, other = [1, 2, 3], [7, 8, 9, 10, 11]
+    kw = dict(pad_id=0, temperature=1.0, seed=5)
+    alone = generate(model, [prompt], 16, **kw)[0]  # runs past the context of 12
+    assert generate(model, [prompt, other], 16, **kw)[0] == alone
+    assert generate(model, [other, prompt], 16, **kw)[1] == alone
+    assert generate(model, [other, prompt], 16, use_cache=False, **kw)[1] == alone
+    # The seed still matters, and neighbours sampled from the same seed differ.
+    assert generate(model, [prompt], 16, **{**kw, "seed": 6})[0] != alone
+    assert generate(model, [other], 16, **kw)[0] != alone
+
+
+def test_a_row_that_ends_early_leaves_the_others_decoding():
+    model = random_model("rope")
+    short, long = [1, 2], [11, 12]
+    eod = generate(model, [short], 1, pad_id=0)[0][0]
+    alone = generate(model, [long], 40, pad_id=0)[0]
+    expected = alone[: alone.index(eod)] if eod in alone else alone
+    assert len(expected) > 16  # the long row outlives the first all-done check
+    # Row 0 ends at once; row 1 runs on (past several all-done checks) up to its own end.
+    assert generate(model, [short, long], 40, pad_id=0, eod_id=eod) == [[], expected]
