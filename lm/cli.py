@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from lm import __version__
 from lm.config import LMError
 
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lm",
         description="Train tiny next-token language models and see what attention and position do.",
     )
+    parser.add_argument("--version", action="version", version=f"lm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model from a YAML config")
@@ -292,6 +294,18 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     run = load_run(args.run_dir, args.checkpoint, str(device))
     tok = run.tokenizer
     texts = _read_prompts(args.prompt)
+    if args.temperature == 0.0:
+        ignored = [
+            flag
+            for flag, value in (("--top-k", args.top_k), ("--seed", args.seed))
+            if value is not None
+        ]
+        if ignored:
+            print(
+                f"lm: note: {' and '.join(ignored)} shape sampling (--temperature > 0); "
+                "greedy decoding ignores them",
+                file=sys.stderr,
+            )
     encoded = []
     for text in texts:
         unknown = tok.count_unknown(text)

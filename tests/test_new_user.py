@@ -237,3 +237,45 @@ def test_ctrl_c_in_compare_says_what_was_saved(tmp_path, capsys):
         assert main([*argv, "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "checkpoint at step 6" in err and "resumes" in err, err
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "lm", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().startswith("lm 0.")
+
+
+def test_settings_that_do_not_apply_get_a_note(run, tmp_path, capsys):
+    from lm.data import ignored_settings
+
+    cfg = load_config(None, ["data.tokenizer=char", "data.vocab_size=100", "data.split=test"])
+    notes = ignored_settings(cfg.data)
+    assert any("data.vocab_size" in n for n in notes) and any("data.split" in n for n in notes)
+    assert (
+        ignored_settings(load_config(None, ["data.source=org/some-hub-set", "data.split=x"]).data)
+        == []
+    )
+    argv = [*_commands(run)["sample"], "--top-k", "3"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "lm: note: --top-k" in err and err.count("\n") == 1, err
+    assert main([*argv, "--temperature", "1", "--seed", "0"]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
+def test_datasets_prints_no_progress_bars_of_its_own(tmp_path):
+    corpus = tmp_path / "a.jsonl"
+    corpus.write_text("".join(f'{{"text": "doc {i} " }}\n' for i in range(50)))
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"source": str(corpus), "cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 1, "eval_every": 1, "eval_steps": 1},
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "lm", "train", str(cfg), "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lm: done at step 1" in out.stderr
+    for theirs in ("Generating", "Map", "examples/s", "Saving the dataset"):
+        assert theirs not in out.stderr, out.stderr
