@@ -174,6 +174,19 @@ def write_record(
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
+def short_validation(config: Config, val_tokens: int) -> str | None:
+    """A warning when the validation split is shorter than one context window: every
+    validation loss is then measured on a single window shorter than the trained context."""
+    C = config.model.context_length
+    if val_tokens > C:
+        return None
+    return (
+        f"lm: warning: the validation split holds {val_tokens} tokens, not more than "
+        f"model.context_length {C}: validation loss is measured on one window of "
+        f"{max(val_tokens - 1, 0)} predictions, not at the trained context"
+    )
+
+
 def resume_checkpoint(run_dir: Path, log: Callable[[str], None]) -> Path | None:
     """The checkpoint ``--resume`` continues from: the newest, or when it is damaged the newest
     intact one (the damaged one is moved aside as ``damaged-step_N``, kept but never loaded)."""

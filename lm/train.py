@@ -50,6 +50,7 @@ from lm.runs import (
     init_weights_from,
     refuse_to_clobber,
     resume_checkpoint,
+    short_validation,
     write_record,
 )
 from lm.runtime import (
@@ -195,6 +196,8 @@ def _prepare_run(
     if not world.is_main:
         data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=None)
     config = _with_vocab(config, data)
+    if (warning := short_validation(config, data.val.n_tokens)) is not None:
+        _log(world, quiet, warning)
     if world.is_main:
         resumed = saved["step"] if checkpoint is not None else None
         write_record(run_dir, config, data.tokenizer, resumed)

@@ -279,3 +279,22 @@ def test_datasets_prints_no_progress_bars_of_its_own(tmp_path):
     assert "lm: done at step 1" in out.stderr
     for theirs in ("Generating", "Map", "examples/s", "Saving the dataset"):
         assert theirs not in out.stderr, out.stderr
+
+
+def test_training_warns_when_the_context_is_longer_than_the_validation_split(tmp_path, capsys):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        model={"context_length": 256},
+        data={"source": str(corpus), "cache_dir": str(tmp_path / "cache"), "split_by": "file"},
+        train={"max_steps": 1, "eval_every": 1, "eval_steps": 1, "batch_size": 2},
+    )
+    assert main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "lm: warning: the validation split holds" in err and "model.context_length 256" in err
+    assert (
+        main(["train", str(cfg), "--out", str(tmp_path / "r2"), "--set", "model.context_length=16"])
+        == 0
+    )
+    assert "warning" not in capsys.readouterr().err
