@@ -195,6 +195,7 @@ def resume_checkpoint(run_dir: Path, log: Callable[[str], None]) -> Path | None:
         return newest
     older = newest_intact(run_dir, newest)
     if older is None:
+        read_state(newest)  # the precise reason when it is state.json (bad JSON, no step)
         raise CheckpointError(
             f"{newest}: damaged (a file does not match its checksum) and no older checkpoint is "
             "intact; pass --overwrite to start again"
