@@ -194,6 +194,24 @@ def verify(path: Path) -> None:
         raise CheckpointError(f"{path}: damaged file (its checksum does not match state.json)")
 
 
+def intact(folder: Path) -> bool:
+    """Whether checkpoint ``folder`` reads back: a valid state.json and every file matching the
+    checksum it recorded."""
+    try:
+        sums = read_state(folder).get("sha256", {})
+        return all(_sha256(folder / name) == digest for name, digest in sums.items())
+    except (CheckpointError, OSError, AttributeError):
+        return False
+
+
+def newest_intact(run_dir: str | Path, before: Path | None = None) -> Path | None:
+    """The newest checkpoint of ``run_dir`` that reads back (older than ``before`` if given)."""
+    found = complete_checkpoints(run_dir)
+    if before is not None:
+        found = [f for f in found if f.name < before.name]
+    return next((f for f in reversed(found) if intact(f)), None)
+
+
 def read_state(path: str | Path) -> dict[str, Any]:
     path = Path(path) / "state.json"
     try:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from lm import __version__
 from lm.config import LMError
 
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lm",
         description="Train tiny next-token language models and see what attention and position do.",
     )
+    parser.add_argument("--version", action="version", version=f"lm {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model from a YAML config")
@@ -148,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--vary",
+        action="append",
         metavar="KEY=V1,V2,...",
         help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned",
     )
@@ -226,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from lm.config import load_config
+    from lm.runs import check_out_dir
     from lm.train import train
 
     config = load_config(args.config, args.overrides)
@@ -233,7 +237,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         from lm.runs import config_for_init
 
         config = config_for_init(config, args.init_from)
-    run_dir = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    run_dir = check_out_dir(Path(args.out) if args.out else Path("runs") / Path(args.config).stem)
     result = train(
         config,
         run_dir,
@@ -247,17 +251,37 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
 
 
+def checked_text(text: str, where: str) -> str:
+    """``text`` if it is Unicode text; bytes that are not UTF-8 reach Python as lone surrogates
+    (argv and standard input decode with ``surrogateescape``), which no tokenizer can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[e.start].encode("utf-8", "surrogateescape")
+        raise LMError(
+            f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
+        ) from None
+    return text
+
+
 def _read_prompts(raw: list[str]) -> list[str]:
+    """The ``--prompt`` values; ``-`` reads standard input once, without its final newline (the
+    one a shell's echo or an editor adds)."""
+    if raw.count("-") > 1:
+        raise LMError("--prompt -: standard input can be read once; give '-' a single time")
     prompts = []
     for p in raw:
+        where = "--prompt"
         if p == "-":
+            where = "standard input"
             try:
                 p = sys.stdin.read()
             except UnicodeDecodeError:
                 raise LMError("standard input is not UTF-8 text") from None
             except OSError as e:
                 raise LMError(f"cannot read the prompt from standard input ({e})") from None
-        prompts.append(p)
+            p = p[:-2] if p.endswith("\r\n") else p.removesuffix("\n")
+        prompts.append(checked_text(p, where))
     return prompts
 
 
@@ -266,10 +290,22 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     from lm.runtime import resolve_device
     from lm.sample import generate
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     run = load_run(args.run_dir, args.checkpoint, str(device))
     tok = run.tokenizer
     texts = _read_prompts(args.prompt)
+    if args.temperature == 0.0:
+        ignored = [
+            flag
+            for flag, value in (("--top-k", args.top_k), ("--seed", args.seed))
+            if value is not None
+        ]
+        if ignored:
+            print(
+                f"lm: note: {' and '.join(ignored)} shape sampling (--temperature > 0); "
+                "greedy decoding ignores them",
+                file=sys.stderr,
+            )
     encoded = []
     for text in texts:
         unknown = tok.count_unknown(text)
@@ -302,7 +338,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from lm.evaluate import evaluate_run, format_table
     from lm.runtime import resolve_device
 
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, "--device")
     rows = evaluate_run(
         args.run_dir,
         args.context_lengths,
@@ -320,9 +356,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from lm.runtime import resolve_device
     from lm.sweep import compare
 
+    if args.prompt is not None:
+        checked_text(args.prompt, "--prompt")
+    if args.vary is not None and len(args.vary) > 1:
+        raise LMError(
+            f"--vary: a sweep varies one training key, got {len(args.vary)} (--vary "
+            f"{' --vary '.join(args.vary)}); run one sweep per key"
+        )
     markdown = compare(
         args.paths,
-        args.vary,
+        args.vary[0] if args.vary else None,
         args.seeds,
         args.overrides,
         args.out,
@@ -330,7 +373,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         prompt=args.prompt,
         max_new_tokens=args.max_new_tokens,
         eval_batches=args.eval_batches,
-        device=str(resolve_device(args.device)),
+        device=str(resolve_device(args.device, "--device")),
     )
     print(markdown)
     return 0
@@ -340,8 +383,9 @@ def _cmd_attention(args: argparse.Namespace) -> int:
     from lm.diagnostics import draw_attention
     from lm.runtime import resolve_device
 
-    device = str(resolve_device(args.device))
-    picture = draw_attention(args.run_dir, args.text, args.layer, args.head, args.out, device)
+    device = str(resolve_device(args.device, "--device"))
+    text = checked_text(args.text, "--text")
+    picture = draw_attention(args.run_dir, text, args.layer, args.head, args.out, device)
     print(picture.path)
     return 0
 
@@ -355,7 +399,7 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     elif args.d is not None or args.length is not None:
         raise LMError("--d and --length draw the sinusoid table: give them without RUN_DIR")
     else:
-        device = str(resolve_device(args.device))
+        device = str(resolve_device(args.device, "--device"))
         _, path = score_by_offset(args.run_dir, args.out, args.windows, device)
     print(path)
     return 0
@@ -410,8 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     except LMError as e:
         print(f"lm: error: {one_line(str(e))}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("lm: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        said = f"; {one_line(str(e))}" if str(e) else ""  # e.g. what a sweep saved
+        print(f"lm: interrupted{said}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `lm sample ... | head`
         return 0

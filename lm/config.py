@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -408,20 +409,20 @@ def config_from_dict(raw: Any) -> Config:
     return Config(**{name: _build_section(name, raw.get(name)) for name in SECTIONS})
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
+def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, dict[str, Any]]:
     """``["train.lr=3e-4", "model.position=alibi"]`` -> nested dict; the last of a key wins."""
     nested: dict[str, dict[str, Any]] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE, for example train.lr=3e-4")
+            raise ConfigError(f"{flag} {pair!r}: expected KEY=VALUE, for example train.lr=3e-4")
         key, text = pair.split("=", 1)
         parts = key.strip().split(".")
         if len(parts) != 2 or parts[0] not in SECTIONS or not parts[1]:
             raise ConfigError(
-                f"--set {key!r}: expected SECTION.KEY with SECTION one of {', '.join(SECTIONS)}"
+                f"{flag} {key!r}: expected SECTION.KEY with SECTION one of {', '.join(SECTIONS)}"
             )
         if not parts[1].isidentifier():
-            raise ConfigError(f"--set {key!r}: {_name(parts[1])} is not a config key name")
+            raise ConfigError(f"{flag} {key!r}: {_name(parts[1])} is not a config key name")
         nested.setdefault(parts[0], {})[parts[1]] = parse_value(text)
     return nested
 
@@ -429,7 +430,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, dict[str, Any]]:
 def parse_value(text: str) -> Any:
     """A command-line value read as YAML (``3e-4`` is a number, ``true`` a bool, ``~`` None)."""
     try:
-        value = yaml.safe_load(text) if text.strip() else text
+        value = yaml.load(text, Loader=_Loader) if text.strip() else text
     except yaml.YAMLError:
         return text
     # YAML 1.1 reads "3e-4" as a string; accept it as the number a user meant.
@@ -453,13 +454,27 @@ def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[st
     return merged
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that reads numbers as users write them: YAML 1.1 (PyYAML) takes ``3e-4`` and
+    ``1E5`` for strings, since its floats need a dot and a signed exponent."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def read_yaml(path: str | Path) -> Any:
     """Safe YAML only: a Python tag (``!!python/object``) is refused, never constructed."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a config file (give a YAML file in it)")
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as e:

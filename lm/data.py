@@ -93,14 +93,44 @@ def prepare_data(
     ``cfg.tokenizer``. The source is read only when the cache misses. ``log=None`` is silent:
     no notes and no progress bars.
     """
-    if log is None:
-        was_enabled = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()
-        try:
-            return prepare_data(cfg, tokenizer_path, log=_silent)
-        finally:
-            if was_enabled:
-                datasets.enable_progress_bars()
+    # datasets' own progress bars and notices would interleave with lm's lines (which say
+    # what is being read and cached): off while lm calls it, restored after.
+    was_enabled = datasets.is_progress_bar_enabled()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        return _prepare_data(cfg, tokenizer_path, log or _silent)
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def ignored_settings(cfg: DataConfig) -> list[str]:
+    """Settings of ``cfg`` that have no effect on this source and tokenizer, as notes (they are
+    accepted, so a config can be shared between sources; a combination that cannot work, such
+    as document_mask with padded, is an error instead)."""
+    notes = []
+    if cfg.vocab_size is not None and cfg.tokenizer in ("char", "byte"):
+        notes.append(
+            f"data.vocab_size is ignored with tokenizer: {cfg.tokenizer} (its vocabulary "
+            "comes from the text)"
+        )
+    source = cfg.source.strip()
+    if source.startswith("builtin:") or _looks_local(source):
+        hub_only = {"split": "train", "config_name": None, "streaming": False}
+        for key, default in hub_only.items():
+            if getattr(cfg, key) != default:
+                notes.append(f"data.{key} applies to Hub datasets only; {source} is read whole")
+    return notes
+
+
+def _prepare_data(
+    cfg: DataConfig, tokenizer_path: str | Path | None, log: Callable[[str], None]
+) -> PreparedData:
+    for note in ignored_settings(cfg):
+        log(f"lm: note: {note}")
     root = cache_root(cfg)
     source = _resolve_source(cfg)
     corpus_key = {

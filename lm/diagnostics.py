@@ -23,7 +23,8 @@ from lm.config import LMError
 from lm.data import prepare_data
 from lm.model import TransformerLM
 from lm.position import alibi_bias, apply_rope, sinusoidal_table
-from lm.runs import TOKENIZER, load_run
+from lm.runs import TOKENIZER, check_out_dir, load_run
+from lm.tokenizer import TextTokenizer
 
 
 @dataclass
@@ -39,6 +40,50 @@ class AttentionPicture:
 def _name(run_dir: str | Path) -> str:
     """A run's name for a title: its folder and the one above (``position=rope/seed1``)."""
     return "/".join(Path(run_dir).resolve().parts[-2:])
+
+
+def _byte_symbols() -> dict[str, int]:
+    """Byte-level BPE's alphabet: the character that stands for each byte in a token's string
+    (printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    symbols = {chr(b): b for b in printable}
+    symbols.update({chr(256 + n): b for n, b in enumerate(others)})
+    return symbols
+
+
+BYTE_SYMBOLS = _byte_symbols()
+
+
+def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
+    """A token as text for an axis: a byte-level token that is only part of a character (one
+    byte of "é") shows its bytes as ``\\xNN`` instead of the replacement character."""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.tokenizer.id_to_token(token_id) or ""
+    if not piece or any(c not in BYTE_SYMBOLS for c in piece):
+        return text  # not a byte-level token: the replacement character is the text itself
+    return bytes(BYTE_SYMBOLS[c] for c in piece).decode("utf-8", "backslashreplace")
+
+
+def picture_path(path: str | Path, flag: str = "--out") -> Path:
+    """A file a picture can be written to: a format matplotlib writes (by its suffix), not a
+    folder, and no file where a folder above it must be."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if path.is_dir():
+        raise LMError(f"{flag} {path}: is a folder; give a picture file such as {path / 'x.png'}")
+    if suffix not in formats:
+        raise LMError(
+            f"{flag} {path}: {'.' + suffix if suffix else 'no suffix'} is not a picture format "
+            f"matplotlib writes; use one of {', '.join(sorted(formats))}"
+        )
+    check_out_dir(path.parent, flag)
+    return path
 
 
 def _index(name: str, value: int | None, count: int, default: int) -> int:
@@ -62,7 +107,9 @@ def draw_attention(
     The default layer is the last one. The picture goes to ``out`` (default
     ``RUN_DIR/attention.png``).
     """
+    path = picture_path(out) if out is not None else None  # before the slow work
     run = load_run(run_dir, device=device)
+    path = path or picture_path(Path(run_dir) / "attention.png")
     cfg = run.config.model
     layer = _index("layer", layer, cfg.n_layer, cfg.n_layer - 1)
     heads = list(range(cfg.n_head)) if head is None else [_index("head", head, cfg.n_head, 0)]
@@ -75,8 +122,7 @@ def draw_attention(
     with torch.no_grad():
         maps = run.model.attention_maps(torch.tensor([ids], device=device))
     weights = maps[layer][0, heads].float().cpu().numpy()  # (heads, T, T)
-    tokens = [run.tokenizer.decode([i]) for i in ids]
-    path = Path(out) if out is not None else Path(run_dir) / "attention.png"
+    tokens = [token_text(run.tokenizer, i) for i in ids]
     plots.attention_maps(
         weights,
         tokens,
@@ -131,7 +177,9 @@ def score_by_offset(
     """Mean score at each offset ``0 .. C-1`` per layer and head, ``[layers, heads, C]``, over
     ``windows`` consecutive windows of the run's validation tokens; drawn to ``out`` (default
     ``RUN_DIR/score_by_offset.png``)."""
+    path = picture_path(out) if out is not None else None  # before the slow work
     run = load_run(run_dir, device=device)
+    path = path or picture_path(Path(run_dir) / "score_by_offset.png")
     cfg = run.config
     C = cfg.model.context_length
     val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None).val
@@ -145,10 +193,11 @@ def score_by_offset(
             # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
             diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
             profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
-    path = Path(out) if out is not None else Path(run_dir) / "score_by_offset.png"
+    alibi = cfg.model.position == "alibi"  # the softmax sees the score plus ALiBi's bias
     plots.score_by_offset(
         profile,
         path,
+        ylabel="mean score q·k/√d_k + ALiBi bias" if alibi else "mean score q·k/√d_k",
         title=f"{_name(run_dir)}: {cfg.model.position} positions, mean score by offset "
         f"({n} validation windows of {C} tokens)",
     )
@@ -161,4 +210,4 @@ def draw_sinusoids(d: int, length: int, out: str | Path) -> Path:
         raise LMError(f"--d {d}: sinusoids come in sin/cos pairs; give an even width >= 2")
     if length < 1:
         raise LMError(f"--length {length}: must be at least 1")
-    return plots.sinusoids(sinusoidal_table(length, d).numpy(), out)
+    return plots.sinusoids(sinusoidal_table(length, d).numpy(), picture_path(out))

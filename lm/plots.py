@@ -53,14 +53,30 @@ def _draw_group(ax: Axes, runs: list[Run], colour, label: str) -> None:
     ys = np.array([np.asarray(y[:n], dtype=float) for _, y in runs])
     x = xs.mean(axis=0)
     seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
-    ax.plot(x, ys.mean(axis=0), color=colour, label=label + seeds, linewidth=1.5)
+    marker = "o" if n == 1 else None  # a single logged point is a dot, not an invisible line
+    ax.plot(x, ys.mean(axis=0), color=colour, label=label + seeds, linewidth=1.5, marker=marker)
     if len(runs) > 1:
         ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colour, alpha=0.2, linewidth=0)
 
 
-def loss_curves(panels: dict[str, Curves], xlabel: str, path: str | Path) -> Path:
+def _figure_legend(fig: Figure, axes: Sequence[Axes]) -> None:
+    """One legend for the whole figure, below the panels (constrained layout makes room), so it
+    covers no curve, no other legend and no axis label however long its labels are."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        # As many columns as fit the figure's width: about 7 px a character plus the line.
+        width = fig.get_figwidth() * fig.dpi
+        widest = max(len(label) for label in entries) * 7 + 60
+        cols = max(1, min(len(entries), 3, int(width // widest)))
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=cols)
+
+
+def loss_curves_figure(panels: dict[str, Curves], xlabel: str) -> Figure:
     """Side-by-side panels (e.g. training and validation loss) against a shared x quantity."""
-    fig = Figure(figsize=(6 * len(panels), 4.5), layout="constrained")
+    fig = Figure(figsize=(6 * len(panels), 5), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     labels = list(dict.fromkeys(label for curves in panels.values() for label in curves))
     colours = dict(zip(labels, _colours(len(labels)), strict=True))
@@ -69,8 +85,14 @@ def loss_curves(panels: dict[str, Curves], xlabel: str, path: str | Path) -> Pat
             _draw_group(ax, runs, colours[label], label)
         ax.set(xlabel=xlabel, ylabel="loss (nats/token)", title=name)
         ax.grid(alpha=0.3)
-        ax.legend()
-    return _save(fig, path)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+    _figure_legend(fig, axes)
+    return fig
+
+
+def loss_curves(panels: dict[str, Curves], xlabel: str, path: str | Path) -> Path:
+    return _save(loss_curves_figure(panels, xlabel), path)
 
 
 def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -> Path:
@@ -80,7 +102,11 @@ def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -
     vertical line marks the trained context: grey when every group shares it, else one per group
     in its colour.
     """
-    fig = Figure(figsize=(6.5, 4.5), layout="constrained")
+    return _save(loss_vs_context_figure(curves, trained), path)
+
+
+def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
+    fig = Figure(figsize=(7, 5.5), layout="constrained")
     ax = fig.subplots()
     lengths: set[float] = set()
     shared = len(set(trained.values())) == 1
@@ -104,8 +130,8 @@ def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -
         title="Length extrapolation",
     )
     ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+    _figure_legend(fig, [ax])
+    return fig
 
 
 def token_label(token: str) -> str:
@@ -196,7 +222,12 @@ def sinusoids(table: np.ndarray, path: str | Path, slices: Sequence[int] = (0, 2
     return _save(fig, path)
 
 
-def score_by_offset(profile: np.ndarray, path: str | Path, title: str = "") -> Path:
+def score_by_offset(
+    profile: np.ndarray,
+    path: str | Path,
+    title: str = "",
+    ylabel: str = "mean score q·k/√d_k",
+) -> Path:
     """Mean attention score against query-key offset ``[layers, heads, offsets]``, one panel per
     layer and one line per head."""
     n_layer, n_head, n_offset = profile.shape
@@ -214,7 +245,7 @@ def score_by_offset(profile: np.ndarray, path: str | Path, title: str = "") -> P
         ax.set(xlabel="offset: query position - key position", title=f"layer {i}")
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
-        ax.set_ylabel("mean score q·k/√d_k")
+        ax.set_ylabel(ylabel)
     axes.flat[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)

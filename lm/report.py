@@ -26,6 +26,19 @@ from lm.config import Config, LMError, config_diff, flatten
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
 # Keys that differ between runs without being what they compare.
 NOT_COMPARED = ("model.vocab_size", "train.seed")
+# Keys that change how a run is watched, saved or placed, not what it learns: the labels leave
+# them out unless nothing else differs.
+HOUSEKEEPING = (
+    "data.cache_dir",
+    *(
+        f"train.{key}"
+        for key in (
+            "eval_every", "eval_steps", "eval_batch_size", "checkpoint_every",
+            "keep_checkpoints", "log_every", "device", "compile", "tensorboard",
+            "on_checkpoint_error",
+        )
+    ),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,8 @@ class RunResult:
     eval_batches: int | None
     """Batches per context length of the extrapolation evaluation (None: the whole split)."""
     metrics: list[dict[str, Any]]
+    prompt_unknown: int = 0
+    """Characters of the continued prompt that are not in the run's vocabulary (became <unk>)."""
     """The run's metrics.jsonl records, for the loss curves."""
 
     @property
@@ -89,11 +104,19 @@ class RunResult:
         }
 
 
+def compared_keys(configs: list[Config]) -> list[str]:
+    """The dotted keys whose values differ between the runs (seed and housekeeping aside)."""
+    diffs = [config_diff(configs[0], c) for c in configs[1:]]
+    varied = [
+        k for k in flatten(configs[0]) if k not in NOT_COMPARED and any(k in d for d in diffs)
+    ]
+    return [k for k in varied if k not in HOUSEKEEPING] or varied
+
+
 def labels(configs: list[Config]) -> tuple[str, list[str]]:
     """The compared keys' short name and each run's value(s) of them."""
-    diffs = [config_diff(configs[0], c) for c in configs[1:]]
     flat = [flatten(c) for c in configs]
-    varied = [k for k in flat[0] if k not in NOT_COMPARED and any(k in d for d in diffs)]
+    varied = compared_keys(configs)
     if not varied:  # nothing differs but the seed: one group
         return "run", ["same config"] * len(configs)
     if len(varied) == 1:
@@ -196,8 +219,10 @@ def _curves(groups: dict[str, list[RunResult]], x: str, y: str) -> plots.Curves:
     }
 
 
-def _draw(groups: dict[str, list[RunResult]], out_dir: Path) -> None:
+def _draw(groups: dict[str, list[RunResult]], out_dir: Path, header: str) -> None:
     step, time, context = (out_dir / name for name in PICTURES)
+    if header not in ("run", "runs"):  # one key: the legend names it (``n_layer=2``)
+        groups = {f"{header}={label}": runs for label, runs in groups.items()}
     panels = {
         x_name: {
             "training loss": _curves(groups, x, "train_loss"),
@@ -247,12 +272,10 @@ def render(
     """The report's Markdown (linking the :data:`PICTURES` beside it) and report.json's content."""
     header, names, groups = _grouped(results)
     table, notes = _table(header, groups)
-    seeds = sorted({len(runs) for runs in groups.values()})
     lines = [
-        f"# Runs compared by {header}",
+        f"# {_title(header, [r.config for r in results])}",
         "",
-        f"{len(results)} runs: {len(groups)} values of {header}, "
-        f"{'-'.join(map(str, seeds))} seed(s) each. {_sharing(results)}",
+        f"{_counts(header, groups)} {_sharing(results)}",
         "Losses are mean next-token cross-entropy in nats per token on the validation split, "
         f"mean ± std over seeds. `val loss @N` is measured at context length N on "
         f"{_budget(results)} the validation split by `lm.evaluate.evaluate_run` (the code "
@@ -265,6 +288,7 @@ def render(
         "",
         f"## Greedy continuations of “{prompt}”",
         "",
+        *_unknown_note(results),
         f"| {header} | seed | continuation ({max_new_tokens} tokens at most; ↵ is a newline) |",
         "|---|---:|---|",
         *(
@@ -281,6 +305,47 @@ def render(
     return "\n".join(lines), numbers
 
 
+def _title(header: str, configs: list[Config]) -> str:
+    if header == "run":
+        return "Runs of one config"
+    return "Runs compared by " + ", ".join(k.split(".")[-1] for k in compared_keys(configs))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _counts(header: str, groups: dict[str, list[RunResult]]) -> str:
+    """``6 runs: 3 values of position, 2 seeds each.``"""
+    runs = sum(len(r) for r in groups.values())
+    seeds = sorted({len(r) for r in groups.values()})
+    each = (
+        _plural(seeds[0], "seed") + " each"
+        if len(seeds) == 1
+        else (
+            f"{seeds[0]} to {seeds[-1]} seeds per {'value' if header != 'runs' else 'combination'}"
+        )
+    )
+    if header == "run":
+        return f"{_plural(runs, 'run')} of one config: {_plural(runs, 'seed')}."
+    what = _plural(len(groups), "combination" if header == "runs" else "value")
+    of = "of the keys" if header == "runs" else f"of {header}"
+    return f"{_plural(runs, 'run')}: {what} {of}, {each}."
+
+
+def _unknown_note(results: list[RunResult]) -> list[str]:
+    """Say so when the prompt held characters the runs' vocabulary lacks (they became <unk>)."""
+    unknown = max(r.prompt_unknown for r in results)
+    if not unknown:
+        return []
+    return [
+        f"{_plural(unknown, 'character')} of the prompt "
+        f"{'is' if unknown == 1 else 'are'} not in the runs' vocabulary and became `<unk>`: "
+        "the continuations start from that. Pass `--prompt` with text from the corpus.",
+        "",
+    ]
+
+
 def write_report(
     results: list[RunResult], out_dir: str | Path, prompt: str, max_new_tokens: int
 ) -> str:
@@ -289,7 +354,8 @@ def write_report(
     markdown, numbers = render(results, prompt, max_new_tokens)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _draw(_grouped(results)[2], out_dir)
+    header, _, groups = _grouped(results)
+    _draw(groups, out_dir, header)
     (out_dir / "report.md").write_text(markdown, encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
     return markdown

@@ -18,14 +18,31 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lm.checkpoint import CHECKPOINTS, CheckpointError, latest_checkpoint, load_weights, read_state
-from lm.config import BUILTIN_TOKENIZERS, Config, LMError, ModelConfig, load_config, save_config
+from lm.checkpoint import (
+    CHECKPOINTS,
+    CheckpointError,
+    intact,
+    latest_checkpoint,
+    load_weights,
+    newest_intact,
+    read_state,
+)
+from lm.config import (
+    BUILTIN_TOKENIZERS,
+    Config,
+    LMError,
+    ModelConfig,
+    config_diff,
+    load_config,
+    save_config,
+)
 from lm.model import TransformerLM
 from lm.tokenizer import TextTokenizer
 
@@ -125,11 +142,68 @@ def clear_run(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
-def write_record(run_dir: Path, config: Config, tokenizer: TextTokenizer) -> None:
-    """The run's config as trained, its tokenizer, and where it came from."""
-    save_config(config, run_dir / CONFIG)
-    tokenizer.save(run_dir / TOKENIZER)
-    (run_dir / PROVENANCE).write_text(json.dumps(provenance(), indent=2) + "\n")
+def write_record(
+    run_dir: Path, config: Config, tokenizer: TextTokenizer, resumed_step: int | None = None
+) -> None:
+    """The run's config, its tokenizer, and where it came from.
+
+    A fresh run writes all three. A resumed run (``resumed_step``: the step it continues from)
+    keeps config.yaml as the run started and appends to run.json's ``resumes`` what this
+    command changed: its command line, the step, and each changed key as ``[before, now]``.
+    """
+    if resumed_step is None or not (run_dir / CONFIG).is_file():
+        save_config(config, run_dir / CONFIG)
+        tokenizer.save(run_dir / TOKENIZER)
+        (run_dir / PROVENANCE).write_text(json.dumps(provenance(), indent=2) + "\n")
+        return
+    started = load_config(run_dir / CONFIG)
+    changed = {
+        key: [old, new]
+        for key, (old, new) in config_diff(started, config).items()
+        if key != "model.vocab_size"
+    }
+    path = run_dir / PROVENANCE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    resume = {"step": resumed_step, "argv": sys.argv, "changed": changed}
+    record["resumes"] = [*record.get("resumes", []), resume]
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def short_validation(config: Config, val_tokens: int) -> str | None:
+    """A warning when the validation split is shorter than one context window: every
+    validation loss is then measured on a single window shorter than the trained context."""
+    C = config.model.context_length
+    if val_tokens > C:
+        return None
+    return (
+        f"lm: warning: the validation split holds {val_tokens} tokens, not more than "
+        f"model.context_length {C}: validation loss is measured on one window of "
+        f"{max(val_tokens - 1, 0)} predictions, not at the trained context"
+    )
+
+
+def resume_checkpoint(run_dir: Path, log: Callable[[str], None]) -> Path | None:
+    """The checkpoint ``--resume`` continues from: the newest, or when it is damaged the newest
+    intact one (the damaged one is moved aside as ``damaged-step_N``, kept but never loaded)."""
+    newest = latest_checkpoint(run_dir)
+    if newest is None or intact(newest):
+        return newest
+    older = newest_intact(run_dir, newest)
+    if older is None:
+        read_state(newest)  # the precise reason when it is state.json (bad JSON, no step)
+        raise CheckpointError(
+            f"{newest}: damaged (a file does not match its checksum) and no older checkpoint is "
+            "intact; pass --overwrite to start again"
+        )
+    aside = newest.with_name(f"damaged-{newest.name}")
+    newest.rename(aside)
+    log(f"lm: {newest.name} is damaged (moved to {aside.name}); resuming from {older.name}")
+    return older
 
 
 def provenance() -> dict[str, Any]:
@@ -163,11 +237,41 @@ class LoadedRun:
     step: int
 
 
+def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """A folder a command will create or write into; one line when it, or a folder above it,
+    is a file."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == path else f"sits under {p}, a file"
+                raise LMError(f"{flag} {path}: {where}, not a folder")
+            break
+    return path
+
+
+def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
+    """``--checkpoint`` as a path, or as the name of one of the run's checkpoints
+    (``step_00000030``)."""
+    path = Path(checkpoint)
+    if path.exists():
+        return path
+    named = run_dir / CHECKPOINTS / path.name
+    if path.parent == Path(".") and named.exists():
+        return named
+    raise CheckpointError(
+        f"--checkpoint {checkpoint}: no such checkpoint (give a path or a name in "
+        f"{run_dir / CHECKPOINTS})"
+    )
+
+
 def load_run(
     run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu"
 ) -> LoadedRun:
     """The trained model of a run (newest checkpoint unless one is named), in eval mode."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise LMError(f"{run_dir}: is a file, not a run directory (give the folder lm train wrote)")
     if not run_dir.is_dir():
         raise LMError(f"{run_dir}: no such run directory")
     if not (run_dir / CONFIG).is_file():
@@ -179,12 +283,23 @@ def load_run(
             f"{run_dir}: config.yaml says vocab_size={config.model.vocab_size} but "
             f"tokenizer.json has {tokenizer.vocab_size} tokens"
         )
-    path = Path(checkpoint) if checkpoint is not None else latest_checkpoint(run_dir)
+    if checkpoint is not None:
+        path: Path | None = _named_checkpoint(run_dir, checkpoint)
+    else:
+        path = latest_checkpoint(run_dir)
     if path is None:
         raise LMError(f"{run_dir}: no checkpoint yet (train first, or wait for the first save)")
     model = TransformerLM(config.model)
-    load_weights(model, path)
     folder = path if path.is_dir() else path.parent
+    try:
+        load_weights(model, path)
+    except CheckpointError as e:
+        older = newest_intact(run_dir, folder) if checkpoint is None else None
+        if older is None:
+            raise
+        raise CheckpointError(
+            f"{e}; the older checkpoint {older.name} is intact: pass --checkpoint {older.name}"
+        ) from None
     step = read_state(folder)["step"] if (folder / "state.json").is_file() else 0
     return LoadedRun(config, tokenizer, model.to(device).eval(), path, step)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import threading
@@ -19,17 +20,29 @@ import torch
 from lm.config import ConfigError, ModelConfig
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """The device ``name`` stands for; ``key`` is what the user wrote it as (a config key or a
+    flag such as ``--device``), named in the one-line error when it is no device of this
+    machine."""
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: cuda requested but no CUDA device is available")
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("train.device: mps requested but MPS is not available")
+    match = re.fullmatch(r"(cpu|cuda|mps)(?::(\d+))?", name)
+    if match is None or (match[2] is not None and match[1] != "cuda"):
+        raise ConfigError(f"{key}: {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    if match[1] == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}: {name} requested but no CUDA device is available")
+        if match[2] is not None and int(match[2]) >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{key}: {name} requested but this machine has {torch.cuda.device_count()} "
+                "CUDA device(s)"
+            )
+    if match[1] == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}: mps requested but MPS is not available")
     return torch.device(name)
 
 

@@ -33,7 +33,7 @@ from lm.config import (
 from lm.data import print_to_stderr
 from lm.evaluate import evaluate_run
 from lm.report import PICTURES, RunResult, write_report
-from lm.runs import CONFIG, METRICS, TOKENIZER, load_run
+from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir, load_run
 from lm.sample import generate
 from lm.train import train
 
@@ -69,7 +69,7 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         raise ConfigError(f"--vary {key}: a value is listed twice")
     if key == "train.seed":
         raise ConfigError("--vary train.seed: use --seeds to repeat runs over seeds")
-    parse_overrides([f"{key}={v}" for v in texts])
+    parse_overrides([f"{key}={v}" for v in texts], flag="--vary")
     return key, texts
 
 
@@ -87,13 +87,14 @@ def _finished(state: dict[str, Any], tc: TrainConfig) -> bool:
 
 
 def _check_same_config(run_dir: Path, config: Config) -> None:
-    """A run folder the sweep reuses or resumes must hold the run this sweep asks for; only
-    ``train.max_steps`` may grow (the run then trains on)."""
+    """A run folder the sweep reuses or resumes must hold the run this sweep asks for, every
+    key the same: a larger ``train.max_steps`` is another run too (its schedule decays over
+    more steps), never a finished run stitched onto."""
     if not (run_dir / CONFIG).is_file():
         return
     saved = load_config(run_dir / CONFIG)
     for name, (old, new) in config_diff(saved, config).items():
-        if name == "model.vocab_size" or (name == "train.max_steps" and new >= old):
+        if name == "model.vocab_size":
             continue
         raise LMError(
             f"{run_dir}: was trained with {name}={old!r}, this sweep asks for {new!r}; "
@@ -149,7 +150,10 @@ def run_sweep(
             quiet=quiet,
         )
         if result.status == "interrupted":
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(
+                f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
+                "resumes the sweep"
+            )
         if result.status not in ("done", "target"):
             raise LMError(f"{run_dir}: {result.message}")
     return [run_dir for run_dir, _ in plan]
@@ -234,6 +238,7 @@ def measure_run(
         data_cache=read_state(run.checkpoint).get("data", {}).get("cache"),
         eval_batches=eval_batches,
         metrics=records,
+        prompt_unknown=tok.count_unknown(prompt),
     )
 
 
@@ -273,6 +278,8 @@ def compare(
     of runs that exist (run folders, or folders holding them). Returns the Markdown."""
     is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
     log = _quiet if quiet else print_to_stderr
+    if out is not None:
+        check_out_dir(out)
     if vary is not None or is_config:
         if not is_config:
             raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
@@ -289,8 +296,22 @@ def compare(
     runs = find_runs(paths)
     if out is not None:
         out_dir = Path(out)
-    elif len(paths) == 1 and not (Path(paths[0]) / CONFIG).is_file():
-        out_dir = Path(paths[0])  # the sweep folder the runs came from
+    elif len(paths) == 1:
+        out_dir = Path(paths[0])  # the sweep folder (or the run) the report is about
     else:
         out_dir = DEFAULT_OUT
+        _refuse_other_report(out_dir, runs)
     return report(runs, out_dir, log=log, **report_options)
+
+
+def _refuse_other_report(out_dir: Path, runs: list[Path]) -> None:
+    """A report in ``out_dir`` about other runs is not replaced unless the user names --out."""
+    try:
+        earlier = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+        theirs = {Path(r["run_dir"]).resolve() for r in earlier["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no report there, or none that lm wrote
+    if theirs != {Path(r).resolve() for r in runs}:
+        raise LMError(
+            f"{out_dir}: holds the report of other runs; pass --out to write this one elsewhere"
+        )

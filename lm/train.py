@@ -60,6 +60,8 @@ from lm.runs import (
     clear_run,
     init_weights_from,
     refuse_to_clobber,
+    resume_checkpoint,
+    short_validation,
     write_record,
 )
 from lm.runtime import (
@@ -178,6 +180,8 @@ def _prepare_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire()
         refuse_to_clobber(run_dir, resume, overwrite)
+        if resume:  # a damaged newest checkpoint is moved aside before any process looks
+            resume_checkpoint(run_dir, lambda line: _log(world, quiet, line))
     barrier(world)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
@@ -201,8 +205,11 @@ def _prepare_run(
     if not world.is_main:
         data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=None)
     config = _with_vocab(config, data)
+    if (warning := short_validation(config, data.val.n_tokens)) is not None:
+        _log(world, quiet, warning)
     if world.is_main:
-        write_record(run_dir, config, data.tokenizer)
+        resumed = saved["step"] if checkpoint is not None else None
+        write_record(run_dir, config, data.tokenizer, resumed)
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
@@ -409,7 +416,8 @@ def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: 
 def _finish(run: _Run, state: LoopState, status: str, message: str) -> TrainResult:
     elapsed = round(state.elapsed_s(), 4)
     if status in ("done", "target"):
-        run.log(f"lm: {status} at step {state.step} in {elapsed:.1f}s; val_loss {state.val_loss}")
+        val = "no evaluation ran" if state.val_loss is None else f"val_loss {state.val_loss:.4f}"
+        run.log(f"lm: {status} at step {state.step} in {elapsed:.1f}s; {val}")
     return TrainResult(
         run.run_dir, state.step, status, state.val_loss, state.best_val_loss, elapsed, message
     )

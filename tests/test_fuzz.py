@@ -95,3 +95,68 @@ def test_random_prompts_always_continue(run, capsys, prompt, n, temperature):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert captured.out.startswith(prompt)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    command=st.sampled_from(["sample", "eval", "attention", "positions"]),
+    device=st.one_of(
+        st.sampled_from(["gpu", "meta", "cuda:x", "cpu:0", "mps:1", "CPU", "", "cuda:-1"]),
+        st.text(max_size=8),
+    ),
+)
+def test_random_devices_run_or_fail_in_one_line(run, capsys, command, device):
+    extra = {
+        "sample": ["--prompt", "x", "--max-new-tokens", "1"],
+        "eval": ["--max-batches", "1"],
+        "attention": ["--text", "ab", "--out", str(run / "fuzz.png")],
+        "positions": ["--windows", "1", "--out", str(run / "fuzz.png")],
+    }[command]
+    try:
+        code = main([command, str(run), *extra, f"--device={device}"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    if code != 0:
+        assert_refused(code, err, "--device")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    parts=st.lists(st.sampled_from(["afile", "dir", "x.png", "x.txt", "y", ".svg"]), max_size=3),
+    suffix=st.sampled_from(["", ".png", ".txt", ".pdf", ".jpeg", ".zzz", "/"]),
+    command=st.sampled_from(["attention", "positions"]),
+)
+def test_random_picture_paths_write_or_fail_in_one_line(
+    run, tmp_path_factory, capsys, parts, suffix, command
+):
+    root = tmp_path_factory.mktemp("pictures")
+    (root / "afile").write_text("a file")
+    (root / "dir").mkdir()
+    out = str(root.joinpath(*parts)) + suffix
+    extra = ["--text", "ab"] if command == "attention" else ["--windows", "1"]
+    try:
+        code = main([command, str(run), *extra, "--out", out])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    if code != 0:
+        assert_refused(code, err, "--out")
+    assert (root / "afile").read_text() == "a file"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(raw=st.binary(max_size=12))
+def test_random_bytes_as_prompt_or_text_continue_or_fail_in_one_line(run, capsys, raw):
+    import os
+
+    text = os.fsdecode(raw)  # what argv holds for these bytes (surrogate-escaped)
+    assume(text != "-" and not text.startswith("-"))
+    for argv in (
+        ["sample", str(run), f"--prompt={text}", "--max-new-tokens", "1"],
+        ["attention", str(run), f"--text={text}", "--out", str(run / "fuzz.png")],
+    ):
+        code = main(argv)
+        err = capsys.readouterr().err
+        if code != 0:
+            assert_refused(code, err)

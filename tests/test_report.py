@@ -167,7 +167,7 @@ def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, 
     assert f"\n[1] {TOO_LONG}\n" in markdown and f"\n[2] {LEARNED_NOTE}\n" in markdown
     assert markdown.count(LEARNED_NOTE) == 1
     assert markdown.startswith("# Runs compared by position\n")
-    assert "4 runs: 2 values of position, 2 seed(s) each." in markdown
+    assert "4 runs: 2 values of position, 2 seeds each." in markdown
     assert f"All 4 runs share one tokenizer (tokenizer.json sha256 `{SHA[:16]}`)" in markdown
     assert "(`0123456789abcdef0123`)" in markdown
     assert "on the first 2 batches of the validation split" in markdown

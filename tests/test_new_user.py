@@ -1,0 +1,300 @@
+"""A new user's mistakes (issue 12): each is one line on standard error and exit status 2, and
+what the messages claim holds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+from _support import expect_error, train_via_cli, write_config
+
+from lm.cli import _read_prompts, main
+from lm.config import load_config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return train_via_cli(tmp_path_factory.mktemp("newuser"), max_steps=20)
+
+
+def _commands(run):
+    return {
+        "sample": ["sample", str(run), "--prompt", "x", "--max-new-tokens", "2"],
+        "eval": ["eval", str(run), "--max-batches", "1"],
+        "attention": ["attention", str(run), "--text", "ab"],
+        "positions": ["positions", str(run), "--windows", "1"],
+        "compare": ["compare", str(run), "--max-new-tokens", "2", "--eval-batches", "1"],
+    }
+
+
+@pytest.mark.parametrize("device", ["gpu", "meta", "cuda:x", "cpu:0"])
+@pytest.mark.parametrize("command", ["sample", "eval", "attention", "positions", "compare"])
+def test_a_device_that_is_not_one_is_named_by_its_flag(run, capsys, command, device):
+    err = expect_error(capsys, [*_commands(run)[command], "--device", device], "--device")
+    assert "train.device" not in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_blames_the_flag(run, capsys):
+    err = expect_error(capsys, [*_commands(run)["sample"], "--device", "cuda"], "--device", "CUDA")
+    assert "train.device" not in err
+
+
+def test_output_paths_under_a_file_are_refused(run, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    cfg = write_config(tmp_path / "c.yaml")
+    expect_error(capsys, ["train", str(cfg), "--out", str(afile)], "--out", "is a file")
+    expect_error(capsys, ["train", str(cfg), "--out", str(afile / "x")], "--out", "a file")
+    vary = ["--vary", "model.position=rope,alibi"]
+    expect_error(capsys, ["compare", str(cfg), *vary, "--out", str(afile)], "--out")
+    expect_error(capsys, ["compare", str(run), "--out", str(afile)], "--out", "is a file")
+    for command in ("attention", "positions"):
+        argv = [*_commands(run)[command], "--out", str(afile / "x.png")]
+        expect_error(capsys, argv, "--out", "a file")
+    expect_error(capsys, [*_commands(run)["attention"], "--out", str(tmp_path)], "is a folder")
+    assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("name", ["att.txt", "att", "att.PNGX"])
+def test_a_picture_format_matplotlib_does_not_write_is_refused(run, tmp_path, capsys, name):
+    out = str(tmp_path / name)
+    expect_error(capsys, [*_commands(run)["attention"], "--out", out], "--out", "png")
+    expect_error(capsys, ["positions", "--out", out], "--out", "png")
+    assert not (tmp_path / name).exists()
+
+
+def test_other_picture_formats_are_written(run, tmp_path, capsys):
+    out = tmp_path / "att.svg"
+    assert main([*_commands(run)["attention"], "--out", str(out)]) == 0
+    assert out.read_text().lstrip().startswith("<?xml")
+
+
+def _lm(args: list[bytes], stdin: bytes = b"") -> subprocess.CompletedProcess:
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONUTF8": "0"}
+    return subprocess.run(
+        [sys.executable.encode(), b"-m", b"lm", *args], input=stdin, capture_output=True, env=env
+    )
+
+
+def test_text_that_is_not_utf8_is_one_line(run):
+    r = os.fsencode(str(run))
+    cases = [
+        ([b"sample", r, b"--prompt", b"ab\xffc"], b"", b"--prompt"),
+        ([b"sample", r, b"--prompt", b"-"], b"ab\xff\xfec", b"standard input"),
+        ([b"attention", r, b"--text", b"\xc3("], b"", b"--text"),
+        ([b"compare", r, b"--prompt", b"\xff", b"--eval-batches", b"1"], b"", b"--prompt"),
+    ]
+    for argv, stdin, flag in cases:
+        out = _lm(argv, stdin)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count(b"\n") == 1 and b"Traceback" not in out.stderr, out.stderr
+        assert flag in out.stderr and b"UTF-8" in out.stderr, out.stderr
+
+
+def test_prompt_from_standard_input_drops_one_final_newline(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def f():\n\n"))
+    assert _read_prompts(["-", "x"]) == ["def f():\n", "x"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\r\n"))
+    assert _read_prompts(["-"]) == ["a"]
+
+
+def test_standard_input_twice_is_refused(run, capsys):
+    argv = ["sample", str(run), "--prompt", "-", "--prompt", "-"]
+    expect_error(capsys, argv, "--prompt -", "once")
+
+
+def test_scientific_notation_in_a_config_file_is_a_number(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml")
+    cfg.write_text(
+        cfg.read_text().replace("lr: 0.003", "lr: 3e-3").replace("min_lr: 0.0003", "min_lr: 3E-4")
+    )
+    assert "3e-3" in cfg.read_text()
+    config = load_config(cfg, ["train.weight_decay=1e-2"])
+    assert config.train.lr == 3e-3 and config.train.min_lr == 3e-4
+    assert config.train.weight_decay == 1e-2
+    assert load_config(cfg, ["data.source=1e5x"]).data.source == "1e5x"
+
+
+def test_messages_name_the_right_thing(run, tmp_path, capsys):
+    (tmp_path / "cfgs").mkdir()
+    expect_error(capsys, ["train", str(tmp_path / "cfgs")], "is a folder, not a config file")
+    afile = tmp_path / "a.jsonl"
+    afile.write_text('{"text": "a"}\n')
+    expect_error(capsys, ["sample", str(afile), "--prompt", "x"], "is a file, not a run directory")
+
+
+def test_a_checkpoint_can_be_named(run, capsys):
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert len(names) >= 2, names
+    oldest = names[0]
+    assert main(["eval", str(run), "--checkpoint", oldest, "--max-batches", "1"]) == 0
+    assert main([*_commands(run)["sample"], "--checkpoint", oldest]) == 0
+    capsys.readouterr()
+    expect_error(capsys, ["eval", str(run), "--checkpoint", "step_99999999"], "--checkpoint")
+
+
+def test_a_damaged_newest_checkpoint_names_the_intact_older_one(run, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    names = sorted(p.name for p in (copy / "checkpoints").iterdir())
+    newest = copy / "checkpoints" / names[-1] / "model.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-3] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    expect_error(capsys, ["eval", str(copy)], "damaged", names[-2], "--checkpoint")
+    assert main(["eval", str(copy), "--checkpoint", names[-2], "--max-batches", "1"]) == 0
+
+
+def _train(cfg, out, *more: str) -> int:
+    return main(["train", str(cfg), "--out", str(out), *more])
+
+
+def test_every_resume_is_recorded_and_config_yaml_keeps_how_the_run_began(tmp_path, capsys):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 10, "eval_every": 100},
+    )
+    out = tmp_path / "run"
+    assert _train(cfg, out, "--quiet") == 0
+    assert _train(cfg, out, "--resume", "--set", "train.max_steps=20", "train.lr=1e-2") == 0
+    err = capsys.readouterr().err
+    assert re.search(r"done at step 20 in [\d.]+s; val_loss \d+\.\d{4}$", err.strip()), err
+    assert _train(cfg, out, "--resume") == 0  # nothing left to train: no evaluation runs
+    assert "no evaluation ran" in capsys.readouterr().err
+    record = json.loads((out / "run.json").read_text())
+    resumes = record["resumes"]
+    assert [r["step"] for r in resumes] == [10, 20]
+    assert resumes[0]["changed"] == {"train.max_steps": [10, 20], "train.lr": [0.003, 0.01]}
+    assert resumes[1]["changed"] == {}  # against config.yaml: how the run began
+    assert all(isinstance(r["argv"], list) for r in resumes)
+    assert "git_commit" in record  # the provenance of the run's first command stays
+    assert load_config(out / "config.yaml").train.max_steps == 10
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(run, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    newest = sorted((copy / "checkpoints").iterdir())[-1]
+    (newest / "model.safetensors").write_bytes(b"\0" * 64)
+    cfg = copy / "config.yaml"
+    assert _train(cfg, copy, "--resume") == 0
+    err = capsys.readouterr().err
+    assert f"{newest.name} is damaged" in err and "resuming from step_00000010" in err, err
+    assert (copy / "checkpoints" / f"damaged-{newest.name}").is_dir()
+    assert (newest / "model.safetensors").stat().st_size > 64  # trained again to that step
+
+
+def test_compare_never_stitches_a_longer_run_onto_a_finished_one(tmp_path, capsys):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 4, "eval_every": 4, "eval_steps": 1, "checkpoint_every": 4},
+    )
+    argv = ["compare", str(cfg), "--vary", "model.position=rope", "--out", str(tmp_path / "s")]
+    argv += ["--quiet", "--eval-batches", "1", "--max-new-tokens", "2"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    expect_error(capsys, [*argv, "--set", "train.max_steps=8"], "train.max_steps", "--out")
+
+
+def test_compare_vary_mistakes_blame_vary(tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml")
+    base = ["compare", str(cfg), "--out", str(tmp_path / "s")]
+    expect_error(capsys, [*base, "--vary", "position=rope,alibi"], "--vary")
+    argv = [*base, "--vary", "model.position=rope,alibi", "--vary", "model.n_layer=1,2"]
+    expect_error(capsys, argv, "--vary", "one training key")
+    assert not (tmp_path / "s").exists()
+
+
+def test_report_only_compare_keeps_another_sweeps_report(run, tmp_path, monkeypatch, capsys):
+    other = tmp_path / "runs" / "compare"
+    other.mkdir(parents=True)
+    report = {"compared": "position", "runs": [{"run_dir": str(tmp_path / "elsewhere")}]}
+    (other / "report.json").write_text(json.dumps(report))
+    second = tmp_path / "second"
+    shutil.copytree(run, second)
+    monkeypatch.chdir(tmp_path)
+    expect_error(capsys, ["compare", str(run), str(second)], "report of other runs", "--out")
+    assert json.loads((other / "report.json").read_text()) == report
+
+
+def test_ctrl_c_in_compare_says_what_was_saved(tmp_path, capsys):
+    from lm.train import TrainResult
+
+    cfg = write_config(tmp_path / "c.yaml")
+    stopped = TrainResult(tmp_path, 6, "interrupted", None, None, 1.0)
+    argv = ["compare", str(cfg), "--vary", "model.position=rope", "--out", str(tmp_path / "s")]
+    with mock.patch("lm.sweep.train", return_value=stopped):
+        assert main([*argv, "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "checkpoint at step 6" in err and "resumes" in err, err
+
+
+def test_version():
+    out = subprocess.run([sys.executable, "-m", "lm", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().startswith("lm 0.")
+
+
+def test_settings_that_do_not_apply_get_a_note(run, tmp_path, capsys):
+    from lm.data import ignored_settings
+
+    cfg = load_config(None, ["data.tokenizer=char", "data.vocab_size=100", "data.split=test"])
+    notes = ignored_settings(cfg.data)
+    assert any("data.vocab_size" in n for n in notes) and any("data.split" in n for n in notes)
+    assert (
+        ignored_settings(load_config(None, ["data.source=org/some-hub-set", "data.split=x"]).data)
+        == []
+    )
+    argv = [*_commands(run)["sample"], "--top-k", "3"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "lm: note: --top-k" in err and err.count("\n") == 1, err
+    assert main([*argv, "--temperature", "1", "--seed", "0"]) == 0
+    assert "note" not in capsys.readouterr().err
+
+
+def test_datasets_prints_no_progress_bars_of_its_own(tmp_path):
+    corpus = tmp_path / "a.jsonl"
+    corpus.write_text("".join(f'{{"text": "doc {i} " }}\n' for i in range(50)))
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"source": str(corpus), "cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 1, "eval_every": 1, "eval_steps": 1},
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "lm", "train", str(cfg), "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "lm: done at step 1" in out.stderr
+    for theirs in ("Generating", "Map", "examples/s", "Saving the dataset"):
+        assert theirs not in out.stderr, out.stderr
+
+
+def test_training_warns_when_the_context_is_longer_than_the_validation_split(tmp_path, capsys):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        model={"context_length": 256},
+        data={"source": str(corpus), "cache_dir": str(tmp_path / "cache"), "split_by": "file"},
+        train={"max_steps": 1, "eval_every": 1, "eval_steps": 1, "batch_size": 2},
+    )
+    assert main(["train", str(cfg), "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "lm: warning: the validation split holds" in err and "model.context_length 256" in err
+    assert (
+        main(["train", str(cfg), "--out", str(tmp_path / "r2"), "--set", "model.context_length=16"])
+        == 0
+    )
+    assert "warning" not in capsys.readouterr().err

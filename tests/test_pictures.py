@@ -1,0 +1,163 @@
+"""Pictures and reports read well for any sweep (issue 12): legends name what differs and stay
+clear of the panels, one point shows, byte tokens are readable, wording fits the counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from _support import tiny_config
+from test_report import result
+
+from lm import plots
+from lm.report import labels, render
+from lm.tokenizer import train_tokenizer
+
+MEASURED = {"final_val_loss": 3.0, "best_val_loss": 2.9, "tokens_per_s": 100.0, "wall_s": 5.0}
+
+
+def _result(**more):
+    return result("rope", 1, extrapolation=[3.0, 3.1, 3.2], **{**MEASURED, **more})
+
+
+def _legend_clear(fig) -> None:
+    """Every legend lies inside the figure and covers no panel (with its labels and title)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    whole = fig.bbox
+    legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+    assert legends
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1, (box, whole)
+        assert whole.y0 <= box.y0 and box.y1 <= whole.y1, (box, whole)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_tightbbox(renderer)), (box, ax.get_title())
+
+
+def _curves(labels_: list[str], points: int = 6) -> plots.Curves:
+    return {
+        label: [(list(range(points)), [4.0 - i / 10 - k for i in range(points)])]
+        for k, label in enumerate(labels_)
+    }
+
+
+LONG = [f"position=rope, n_layer={n}, lr=0.00{n}, batch_size=64, dropout=0.1" for n in range(5)]
+
+
+def test_loss_curve_legends_stay_clear_of_the_panels():
+    fig = plots.loss_curves_figure(
+        {"training loss": _curves(LONG), "validation loss": _curves(LONG)}, "step"
+    )
+    _legend_clear(fig)
+    assert len(fig.legends) == 1  # one legend for both panels, not one over each
+
+
+def test_loss_vs_context_legend_stays_clear():
+    curves = {k: [([32, 64, 128], [3.0, 3.1, 3.2])] for k in LONG}
+    _legend_clear(plots.loss_vs_context_figure(curves, dict.fromkeys(LONG, 32)))
+
+
+def test_a_single_logged_point_is_drawn_as_a_marker():
+    fig = plots.loss_curves_figure({"validation loss": _curves(["a"], points=1)}, "step")
+    (line,) = fig.axes[0].lines
+    assert line.get_marker() == "o" and len(line.get_xdata()) == 1
+
+
+def test_legends_and_labels_leave_out_housekeeping_keys():
+    a = tiny_config(model={"n_layer": 1}, train={"log_every": 1, "eval_every": 3})
+    b = tiny_config(model={"n_layer": 2}, train={"log_every": 2, "checkpoint_every": 4})
+    assert labels([a, b]) == ("n_layer", ["1", "2"])
+    c = tiny_config(model={"n_layer": 1}, train={"log_every": 2})
+    assert labels([a, c]) == (
+        "runs",
+        ["eval_every=3, log_every=1", "eval_every=15, log_every=2"],
+    )  # nothing else differs: housekeeping is all there is
+
+
+def test_report_wording_fits_any_sweep():
+    one = [_result()]
+    markdown, _ = render(one, "def", 5)
+    assert "# Runs of one config" in markdown and "1 run of one config: 1 seed." in markdown
+    assert "values" not in markdown.split("\n")[2] and "seed(s)" not in markdown
+    a = _result()
+    b = dataclasses.replace(a, config=tiny_config(model={"n_layer": 1}, train={"lr": 1e-2}))
+    c = dataclasses.replace(a, config=tiny_config(train={"seed": 2}))
+    markdown, _ = render([a, c, b], "def", 5)
+    assert "Runs compared by runs" not in markdown
+    assert "# Runs compared by n_layer, lr" in markdown, markdown
+    assert "3 runs: 2 combinations of the keys, 1 to 2 seeds per combination." in markdown
+    assert "1-2" not in markdown
+
+
+def test_a_numeric_sweep_names_its_key_in_the_legend(tmp_path):
+    from lm.report import _draw
+
+    a = _result()
+    drawn = {}
+
+    def catch(panels, xlabel, path):
+        drawn.update(panels["training loss"])
+        return path
+
+    original = plots.loss_curves
+    plots.loss_curves = catch
+    try:
+        _draw({"2": [a], "4": [a]}, tmp_path, "n_layer")
+    finally:
+        plots.loss_curves = original
+    assert list(drawn) == ["n_layer=2", "n_layer=4"]
+
+
+def test_the_report_says_when_the_prompt_became_unk():
+    a = _result(prompt_unknown=2)
+    markdown, _ = render([a], "Zébra", 5)
+    assert "2 characters of the prompt are not in the runs' vocabulary" in markdown
+
+
+def test_byte_tokens_show_their_bytes():
+    from lm.diagnostics import token_text
+
+    tok = train_tokenizer("byte", [])
+    assert [token_text(tok, i) for i in tok.encode("aé")] == ["a", "\\xc3", "\\xa9"]
+    char = train_tokenizer("char", ["ab\ufffd"])
+    assert token_text(char, char.encode("\ufffd")[0]) == "\ufffd"
+
+
+@pytest.mark.parametrize("position", ["alibi", "rope"])
+def test_positions_names_what_it_plots(tmp_path, position):
+    from unittest import mock
+
+    from _support import train_via_cli
+
+    from lm.diagnostics import score_by_offset
+
+    run = train_via_cli(tmp_path, max_steps=2) if position == "rope" else None
+    if run is None:
+        from _support import write_config
+
+        from lm.cli import main
+
+        cfg = write_config(tmp_path / "c.yaml", model={"position": "alibi"}, train={"max_steps": 2})
+        assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+        run = tmp_path / "run"
+    with mock.patch.object(plots, "score_by_offset") as draw:
+        score_by_offset(run, tmp_path / "s.png", windows=1)
+    ylabel = draw.call_args.kwargs["ylabel"]
+    assert ("ALiBi bias" in ylabel) == (position == "alibi"), ylabel
+
+
+def test_drawing_prints_no_warning(tmp_path):
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    code = (
+        "from lm import plots; import numpy as np;"
+        f"plots.loss_curves({{'t': {{}}, 'v': {{'a': [([1], [2.0])]}}}}, 'step', r'{a}');"
+        f"plots.attention_maps(np.ones((1, 3, 3)), ['\\xc3', ' ', '\\n'], ['h'], r'{b}')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
