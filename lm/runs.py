@@ -37,6 +37,7 @@ from lm.checkpoint import (
 from lm.config import (
     BUILTIN_TOKENIZERS,
     Config,
+    ConfigError,
     LMError,
     ModelConfig,
     config_diff,
@@ -411,3 +412,26 @@ def init_weights_from(
             "step": read_state(folder)["step"],
         }
         path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def check_resumable(saved: Config, config: Config) -> None:
+    """Resuming may change the train section (e.g. more steps), not the model or the data."""
+    for name, (old, new) in config_diff(saved, config).items():
+        if name.startswith("train.") or (name == "model.vocab_size" and new is None):
+            continue
+        raise ConfigError(
+            f"{name}: the run was trained with {old!r}, this config says {new!r}; "
+            f"resume with the run's config ({CONFIG})"
+        )
+
+
+def with_vocab(config: Config, tokenizer: TextTokenizer) -> Config:
+    """``config`` with ``model.vocab_size`` from the tokenizer (a stated one must agree)."""
+    vocab = tokenizer.vocab_size
+    stated = config.model.vocab_size
+    if stated is not None and stated != vocab:
+        raise ConfigError(
+            f"model.vocab_size: the config says {stated} but the tokenizer has {vocab} tokens "
+            "(leave model.vocab_size out; it comes from the tokenizer)"
+        )
+    return config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))

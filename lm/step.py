@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from lm.distributed import World, all_reduce_min
+from lm.distributed import World, all_reduce_min, all_reduce_sum
 from lm.evaluate import model_inputs
 from lm.model import loss_sum
 from lm.optim import step_unless_nonfinite
@@ -168,6 +168,20 @@ class LoopState:
 
     def elapsed_s(self) -> float:
         return self.elapsed_before + (time.perf_counter() - self.started)
+
+    def close_interval(self, world: World, grad_norm: torch.Tensor) -> dict[str, float]:
+        """The log interval's numbers (mean loss over every process, tokens/s, skips, the last
+        gradient norm) in one read from the device; then a new interval starts."""
+        now = time.perf_counter()
+        loss = all_reduce_sum(world, self.interval_loss.clone()).double() / world.size
+        counts = [self.interval_steps, self.nonfinite_skips, grad_norm]
+        loss, steps, skips, norm = torch.stack([loss, *(c.double() for c in counts)]).tolist()
+        tok_s = self.interval_tokens / max(now - self.interval_started, 1e-9)
+        self.new_interval(now)
+        return {
+            "train_loss": loss / max(1, steps), "tokens_per_s": tok_s, "grad_norm": norm,
+            "nonfinite_skips": int(skips),
+        }  # fmt: skip
 
     def new_interval(self, now: float) -> None:
         self.interval_loss.zero_()

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,10 @@ from lm.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lm.config import Config, ConfigError, config_diff, load_config
+from lm.config import Config, load_config
 from lm.data import PreparedData, prepare_data, print_to_stderr
 from lm.distributed import (
     World,
-    all_reduce_sum,
     barrier,
     check_same_resume,
     close_world,
@@ -57,11 +55,13 @@ from lm.runs import (
     METRICS,
     TOKENIZER,
     RunLock,
+    check_resumable,
     clear_run,
     init_weights_from,
     refuse_to_clobber,
     resume_checkpoint,
     short_validation,
+    with_vocab,
     write_record,
 )
 from lm.runtime import (
@@ -192,7 +192,7 @@ def _prepare_run(
     saved: dict[str, Any] = {}
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
-        _check_resumable(load_config(run_dir / CONFIG), config)
+        check_resumable(load_config(run_dir / CONFIG), config)
     elif world.is_main and (overwrite or resume):
         clear_run(run_dir)  # a fresh start: no lines of an earlier attempt stay in the log
 
@@ -204,35 +204,13 @@ def _prepare_run(
     barrier(world)
     if not world.is_main:
         data = prepare_data(config.data, tokenizer_path=own_tokenizer, log=None)
-    config = _with_vocab(config, data)
+    config = with_vocab(config, data.tokenizer)
     if (warning := short_validation(config, data.val.n_tokens)) is not None:
         _log(world, quiet, warning)
     if world.is_main:
         resumed = saved["step"] if checkpoint is not None else None
         write_record(run_dir, config, data.tokenizer, resumed)
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
-
-
-def _check_resumable(saved: Config, config: Config) -> None:
-    """Resuming may change the train section (e.g. more steps), not the model or the data."""
-    for name, (old, new) in config_diff(saved, config).items():
-        if name.startswith("train.") or (name == "model.vocab_size" and new is None):
-            continue
-        raise ConfigError(
-            f"{name}: the run was trained with {old!r}, this config says {new!r}; "
-            f"resume with the run's config ({CONFIG})"
-        )
-
-
-def _with_vocab(config: Config, data: PreparedData) -> Config:
-    vocab = data.tokenizer.vocab_size
-    stated = config.model.vocab_size
-    if stated is not None and stated != vocab:
-        raise ConfigError(
-            f"model.vocab_size: the config says {stated} but the tokenizer has {vocab} tokens "
-            "(leave model.vocab_size out; it comes from the tokenizer)"
-        )
-    return config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
 
 
 def _build(run: _Run) -> _Net:
@@ -383,19 +361,12 @@ def _log_train(
     run: _Run, state: LoopState, metrics: MetricsLog, bar: tqdm, lr: float, grad_norm: torch.Tensor
 ) -> None:
     """A training line: the interval's mean loss over all processes, throughput, memory."""
-    now = time.perf_counter()
-    loss_sum = all_reduce_sum(run.world, state.interval_loss.clone()).double() / run.world.size
-    counts = [state.interval_steps, state.nonfinite_skips, grad_norm]
-    loss_sum, steps, skips, norm = torch.stack([loss_sum, *(c.double() for c in counts)]).tolist()
-    mean_loss = loss_sum / max(1, steps)
-    tok_s = state.interval_tokens / max(now - state.interval_started, 1e-9)
-    metrics.write(
-        {"step": state.step, **_clock(state), "train_loss": mean_loss, "lr": lr,
-         "tokens_per_s": tok_s, "grad_norm": norm,
-         "nonfinite_skips": int(skips), "rss_mb": resident_mb()}
-    )  # fmt: skip
-    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
-    state.new_interval(now)
+    interval = state.close_interval(run.world, grad_norm)
+    loss, tok_s = interval["train_loss"], interval["tokens_per_s"]
+    # The keys in the order metrics.jsonl has always had them.
+    record = {"step": state.step, **_clock(state), "train_loss": loss, "lr": lr, **interval}
+    metrics.write({**record, "rss_mb": resident_mb()})
+    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
 
 
 def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: tqdm) -> bool:
