@@ -85,3 +85,22 @@ def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
     from lm.position import sinusoidal_table
 
     torch.testing.assert_close(model.sinusoids, sinusoidal_table(16, 16))
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"rope_scaling": "none"},
+        {"rope_scaling": "pi:1"},
+        {"rope_scaling": "ntk:1"},
+        {"rope_scaling": "yarn:1"},
+        {"rope_fraction": 1.0, "rope_original_context": 4},
+    ],
+    ids=str,
+)
+def test_rope_without_an_extension_is_the_plain_model_bit_for_bit(setting):
+    ids = torch.randint(0, 37, (2, 40))  # past the 16 trained positions too
+    with torch.no_grad():
+        plain = tiny("rope")
+        assert torch.equal(tiny("rope", **setting)(ids), plain(ids))
+        assert torch.equal(tiny("rope", **setting)(ids[:, :16]), plain(ids[:, :16]))
