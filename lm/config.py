@@ -138,8 +138,9 @@ class ModelConfig:
         self._check_rope()
 
     def _check_rope(self) -> None:
-        """RoPE's own keys: set only on a RoPE model, each within its range."""
-        parse_rope_scaling(self.rope_scaling)
+        """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
+        parsed here, once, into ``rope_method`` and ``rope_factor``."""
+        object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
         _positive("model", self, "rope_original_context")
         if not 0.0 < self.rope_fraction <= 1.0:
             raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
@@ -170,12 +171,12 @@ class ModelConfig:
     @property
     def rope_method(self) -> str:
         """The context extension's method: none | pi | ntk | yarn."""
-        return parse_rope_scaling(self.rope_scaling)[0]
+        return self._rope_scaling[0]
 
     @property
     def rope_factor(self) -> float:
         """The context extension's factor s (1.0 for none)."""
-        return parse_rope_scaling(self.rope_scaling)[1]
+        return self._rope_scaling[1]
 
     @property
     def rope_pairs(self) -> int:
