@@ -300,3 +300,18 @@ def test_an_evaluation_time_extension_of_a_run_without_rope_is_refused(sweep, ca
         ["compare", learned, "--vary", "eval.rope_scaling=pi:4", "--out", str(sweep.root / "x")],
         "none of the runs uses position: rope",
     )
+
+
+def test_one_config_evaluated_with_each_extension_needs_no_training_vary(sweep, tmp_path):
+    out = tmp_path / "one"
+    shutil.copytree(sweep.runs["rope"], out / "seed1")  # the run this config trains, finished
+    state = (out / "seed1" / "metrics.jsonl").read_bytes()
+    cfg = sweep.argv[1]
+    argv = ["compare", cfg, "--vary", "eval.rope_scaling=none,ntk:2", "--seeds", "1", "--quiet"]
+    cache = f"data.cache_dir={sweep.root / 'cache'}"
+    assert main([*argv, "--set", cache, "--out", str(out), "--max-new-tokens", "4"]) == 0
+    assert (out / "seed1" / "metrics.jsonl").read_bytes() == state  # reused, not retrained
+    assert list(out.glob("*/config.yaml")) == [out / "seed1" / "config.yaml"]
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# Runs compared by rope_scaling\n")
+    assert table_row(out, "none", 4)[0] == "none" and table_row(out, "ntk:2", 4)[0] == "ntk:2"
