@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.position import alibi_bias, alibi_slopes, apply_rope, rotate_pairs
+from lm.position import Rope, alibi_bias, alibi_slopes, rotate_pairs
 
 
 def causal_mask(L: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -104,8 +104,9 @@ class MultiHeadAttention(nn.Module):
     same math as separate matrices, done as one matmul.
 
     Constructed with only ``(d_model, n_head)`` it uses no position scheme. With
-    ``position="rope"`` it rotates queries and keys (never values) at their positions; with
-    ``"alibi"`` it adds the distance bias to the scores. Other schemes act on the embeddings.
+    ``position="rope"`` it rotates queries and keys (never values) at their positions, as
+    ``rope`` says (default: the notes' RoPE); with ``"alibi"`` it adds the distance bias to the
+    scores. Other schemes act on the embeddings.
     """
 
     def __init__(
@@ -114,7 +115,7 @@ class MultiHeadAttention(nn.Module):
         n_head: int,
         *,
         position: str = "none",
-        rope_base: float = 10000.0,
+        rope: Rope | None = None,
         kernel: str = "sdpa",
         dropout: float = 0.0,
         bias: bool = False,
@@ -125,12 +126,10 @@ class MultiHeadAttention(nn.Module):
         if kernel not in ("sdpa", "math"):
             raise ValueError(f"kernel must be sdpa or math, got {kernel!r}")
         self.d_model, self.n_head, self.head_dim = d_model, n_head, d_model // n_head
-        self.position, self.rope_base, self.kernel, self.dropout = (
-            position,
-            rope_base,
-            kernel,
-            dropout,
-        )
+        self.position, self.kernel, self.dropout = position, kernel, dropout
+        self.rope = (rope or Rope(self.head_dim)) if position == "rope" else None
+        if self.rope is not None and self.rope.head_dim != self.head_dim:
+            raise ValueError(f"rope is for heads of {self.rope.head_dim}, not {self.head_dim}")
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
         if position == "alibi":
@@ -146,7 +145,7 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None = None,
         key_positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope_angles: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
         shared: dict | None = None,
@@ -156,11 +155,12 @@ class MultiHeadAttention(nn.Module):
         ``key_mask [B, Lc]`` is True at real keys (with a cache: ``[B, capacity]``, every slot;
         left out, the cache's filled slots); ``causal`` blocks keys in later slots (with a cache,
         the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
-        ``[B, L]``) place queries and keys for rope/alibi, default ``0..L-1``; ``rope`` may carry
-        precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask, broadcastable
-        to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers of one forward pass share (they
-        must have the same inputs but for ``x``): the first stores the masks and score bias it
-        builds, the others reuse them. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or None)``.
+        ``[B, L]``) place queries and keys for rope/alibi, default ``0..L-1``; ``rope_angles``
+        may carry precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask,
+        broadcastable to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers of one forward pass
+        share (they must have the same inputs but for ``x``): the first stores the masks and score
+        bias it builds, the others reuse them. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or
+        None)``.
         """
         q, k, v = self._project(x, context)  # (B, H, Lq, d_k), (B, H, Lc, d_k), (B, H, Lc, d_k)
 
@@ -175,11 +175,10 @@ class MultiHeadAttention(nn.Module):
             if cache is not None and self.position == "alibi":
                 raise ValueError("with a cache, pass key_positions for every cache slot")
             key_positions = new_key_positions
-        if self.position == "rope" and rope is not None and context is None:
-            q, k = rotate_pairs(q, *rope), rotate_pairs(k, *rope)  # cos, sin at these positions
-        elif self.position == "rope":
-            q = apply_rope(q, positions, self.rope_base)
-            k = apply_rope(k, new_key_positions, self.rope_base)
+        if self.rope is not None and rope_angles is not None and context is None:
+            q, k = (rotate_pairs(t, *rope_angles) for t in (q, k))  # cos, sin at these positions
+        elif self.rope is not None:
+            q, k = self.rope.apply(q, positions), self.rope.apply(k, new_key_positions)
 
         causal_from = None  # slot of the first query; None: the queries fill the last slots
         if cache is not None:

@@ -225,14 +225,7 @@ def eval_batches(
     The first ``max_batches`` batches (all when None) are dealt out: rank r takes r, r + W, ...
     and every rank gets as many batches (see below).
     """
-    T = context_length
-    if cfg.mode == "packed":
-        starts = np.arange(0, split.n_tokens - 1, T)
-        lengths = np.minimum(starts + T + 1, split.n_tokens) - starts
-    else:
-        starts, lengths = _chunks(split, T)
-        longest_first = np.argsort(-lengths, kind="stable")
-        starts, lengths = starts[longest_first], lengths[longest_first]
+    starts, lengths = eval_windows(split, cfg, context_length)
     n_batches = -(-len(starts) // batch_size)
     if max_batches is not None:
         n_batches = min(n_batches, max_batches)
@@ -250,6 +243,20 @@ def eval_batches(
         if b >= n_batches:
             batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
         yield batch
+
+
+def eval_windows(
+    split: TokenizedSplit, cfg: DataConfig, context_length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where :func:`eval_batches` reads, in its order: each window's start and its number of
+    tokens (inputs plus the last target, so at most ``context_length + 1``)."""
+    T = context_length
+    if cfg.mode == "packed":
+        starts = np.arange(0, split.n_tokens - 1, T)
+        return starts, np.minimum(starts + T + 1, split.n_tokens) - starts
+    starts, lengths = _chunks(split, T)
+    longest_first = np.argsort(-lengths, kind="stable")
+    return starts[longest_first], lengths[longest_first]
 
 
 def _chunks(split: TokenizedSplit, context_length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -42,11 +42,24 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _context_lengths(text: str) -> list[int]:
-    values = _int_list(text)
-    if any(v < 2 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: context lengths must be integers >= 2")
-    return values
+def _lengths(text: str) -> list[str]:
+    """Evaluation lengths: tokens (``256``) or multiples of the trained context (``2x``)."""
+    from lm.evaluate import parse_lengths
+
+    try:
+        return parse_lengths(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+LENGTHS_HELP = (
+    "comma-separated lengths: tokens (e.g. 256) or multiples of the trained context with an x "
+    "(e.g. 1x,1.5x,2x,4x,8x)"
+)
+ROPE_SCALING_HELP = (
+    "evaluate a RoPE run with another context extension (same weights, no retraining): none, "
+    "pi:S (Position Interpolation), ntk:S (NTK-aware) or yarn:S (YaRN), S the factor"
+)
 
 
 def _positive_int(text: str) -> int:
@@ -122,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=_positive_int, default=None)
     s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
+    s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     s.add_argument("--device", default="auto")
 
     e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
@@ -129,10 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--split", choices=["val", "train"], default="val")
     e.add_argument(
         "--context-lengths",
-        type=_context_lengths,
+        type=_lengths,
         default=None,
-        help="comma-separated, e.g. 64,128,256 (default: the trained context)",
+        help=LENGTHS_HELP + " (default: the trained context)",
     )
+    e.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     e.add_argument("--checkpoint")
     e.add_argument("--batch-size", type=_positive_int)
     e.add_argument("--max-batches", type=_positive_int, help="evaluate only this many batches")
@@ -152,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--vary",
         action="append",
         metavar="KEY=V1,V2,...",
-        help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned",
+        help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned; "
+        "give it again with eval.rope_scaling=none,pi:4,ntk:4,yarn:4 to also evaluate every RoPE "
+        "run with each context extension (no retraining)",
     )
     c.add_argument(
         "--seeds", type=_seeds, help="train.seed values, e.g. 1,2,3 (default: the config's)"
@@ -170,9 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prompt", help="text every run continues (default: 'The for statement')")
     c.add_argument("--max-new-tokens", type=_positive_int, default=80)
     c.add_argument(
+        "--eval-lengths",
+        type=_lengths,
+        help=LENGTHS_HELP + " (default: 1x,2x,4x)",
+    )
+    c.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
+    c.add_argument(
         "--eval-batches",
         type=_positive_int,
-        help="batches per context length (default: each run's train.eval_steps)",
+        help="batches per context length (default: the whole validation split)",
     )
     c.add_argument("--device", default="auto", help="device of the report's evaluation")
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
@@ -229,15 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from lm.config import load_config
-    from lm.runs import check_out_dir
+    from lm.runs import check_out_dir, config_for_init, recorded_init_from
     from lm.train import train
 
     config = load_config(args.config, args.overrides)
-    if args.init_from:
-        from lm.runs import config_for_init
-
-        config = config_for_init(config, args.init_from)
     run_dir = check_out_dir(Path(args.out) if args.out else Path("runs") / Path(args.config).stem)
+    # A run started from another's weights resumes with that run's tokenizer, as it began.
+    source = args.init_from or (recorded_init_from(run_dir) if args.resume else None)
+    if source:
+        config = config_for_init(config, source)
     result = train(
         config,
         run_dir,
@@ -286,12 +309,12 @@ def _read_prompts(raw: list[str]) -> list[str]:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from lm.runs import load_run
+    from lm.evaluate import load_evaluated
     from lm.runtime import resolve_device
     from lm.sample import generate
 
     device = resolve_device(args.device, "--device")
-    run = load_run(args.run_dir, args.checkpoint, str(device))
+    run = load_evaluated(args.run_dir, args.checkpoint, str(device), args.rope_scaling)
     tok = run.tokenizer
     texts = _read_prompts(args.prompt)
     if args.temperature == 0.0:
@@ -347,6 +370,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         args.batch_size,
         str(device),
         args.max_batches,
+        args.rope_scaling,
     )
     print(format_table(rows))
     return 0
@@ -358,18 +382,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     if args.prompt is not None:
         checked_text(args.prompt, "--prompt")
-    if args.vary is not None and len(args.vary) > 1:
-        raise LMError(
-            f"--vary: a sweep varies one training key, got {len(args.vary)} (--vary "
-            f"{' --vary '.join(args.vary)}); run one sweep per key"
-        )
     markdown = compare(
         args.paths,
-        args.vary[0] if args.vary else None,
+        args.vary,
         args.seeds,
         args.overrides,
         args.out,
         quiet=args.quiet,
+        rope_scaling=args.rope_scaling,
+        eval_lengths=args.eval_lengths,
         prompt=args.prompt,
         max_new_tokens=args.max_new_tokens,
         eval_batches=args.eval_batches,

@@ -36,11 +36,36 @@ class DataError(LMError):
 
 POSITIONS = ("rope", "sinusoidal", "learned", "alibi", "none")
 ATTENTION_KERNELS = ("sdpa", "math")
+ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
+"""RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
 
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def parse_rope_scaling(text: str | None, key: str = "model.rope_scaling") -> tuple[str, float]:
+    """``"pi:4"`` -> ``("pi", 4.0)``; None or ``"none"`` -> ``("none", 1.0)``. ``key`` names the
+    setting in the one-line error (a config key or a flag)."""
+    if text is None or text.strip() == "none":
+        return "none", 1.0
+    allowed = "none, " + ", ".join(f"{m}:FACTOR" for m in ROPE_SCALINGS[1:])
+    method, colon, factor_text = text.strip().partition(":")
+    if method not in ROPE_SCALINGS[1:]:
+        raise ConfigError(f"{key}: {text!r} is not one of {allowed} (for example yarn:4)")
+    if not colon:
+        raise ConfigError(f"{key}: {text!r} needs a factor, for example {method}:4")
+    try:
+        factor = float(factor_text)
+    except ValueError:
+        raise ConfigError(f"{key}: the factor of {text!r} is not a number") from None
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ConfigError(
+            f"{key}: the factor of {text!r} must be a number >= 1 (how many times the trained "
+            "context to reach)"
+        )
+    return method, factor
 
 
 def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
@@ -73,6 +98,12 @@ class ModelConfig:
     """Position scheme: rope | sinusoidal | learned | alibi | none."""
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
+    rope_scaling: str | None = None
+    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/position.py)."""
+    rope_fraction: float = 1.0
+    """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
+    rope_original_context: int | None = None
+    """The context RoPE was first trained at (YaRN's L); default context_length."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
@@ -105,10 +136,58 @@ class ModelConfig:
             raise ConfigError(
                 f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
             )
+        self._check_rope()
+
+    def _check_rope(self) -> None:
+        """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
+        parsed here, once, into ``rope_method`` and ``rope_factor``."""
+        object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
+        _positive("model", self, "rope_original_context")
+        if not 0.0 < self.rope_fraction <= 1.0:
+            raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
+        if self.position != "rope":
+            for name, default in (("rope_fraction", 1.0), ("rope_original_context", None)):
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        f"model.{name}: applies to position: rope only (this model uses "
+                        f"{self.position})"
+                    )
+            if self.rope_method != "none":
+                raise ConfigError(
+                    f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "
+                    f"position: {self.position}"
+                )
+            return
+        pairs = self.rope_fraction * self.head_dim / 2
+        if round(pairs) < 1 or abs(pairs - round(pairs)) > 1e-6:
+            raise ConfigError(
+                f"model.rope_fraction: {self.rope_fraction} of the {self.head_dim // 2} pairs of "
+                f"a head is {pairs:g} pairs; choose a fraction that gives a whole number >= 1"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def rope_method(self) -> str:
+        """The context extension's method: none | pi | ntk | yarn."""
+        return self._rope_scaling[0]
+
+    @property
+    def rope_factor(self) -> float:
+        """The context extension's factor s (1.0 for none)."""
+        return self._rope_scaling[1]
+
+    @property
+    def rope_pairs(self) -> int:
+        """How many of each head's feature pairs RoPE rotates (the first ones)."""
+        return round(self.rope_fraction * self.head_dim / 2)
+
+    @property
+    def rope_context(self) -> int:
+        """The trained context L that YaRN's ramp measures wavelengths against."""
+        return self.rope_original_context or self.context_length
 
     @property
     def ff_dim(self) -> int:

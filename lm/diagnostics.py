@@ -22,7 +22,7 @@ from lm import plots
 from lm.config import LMError
 from lm.data import prepare_data
 from lm.model import TransformerLM
-from lm.position import alibi_bias, apply_rope, sinusoidal_table
+from lm.position import alibi_bias, sinusoidal_table
 from lm.runs import TOKENIZER, check_out_dir, load_run
 from lm.tokenizer import TextTokenizer
 
@@ -158,9 +158,8 @@ def attention_scores(model: TransformerLM, input_ids: torch.Tensor) -> list[torc
         attn = block.attn
         q, k, _ = attn.qkv(x).split(attn.d_model, dim=-1)
         q, k = (t.unflatten(-1, (attn.n_head, attn.head_dim)).transpose(1, 2) for t in (q, k))
-        if attn.position == "rope":
-            q = apply_rope(q, positions, attn.rope_base)
-            k = apply_rope(k, positions, attn.rope_base)
+        if attn.rope is not None:
+            q, k = attn.rope.apply(q, positions), attn.rope.apply(k, positions)
         s = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, H, T, T)
         if attn.position == "alibi":
             s = s + alibi_bias(attn.slopes, positions, positions)

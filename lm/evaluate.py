@@ -3,11 +3,18 @@
 Evaluating at contexts longer than the model was trained on is how position schemes differ
 most: RoPE, ALiBi, sinusoids and NoPE run at any length (with more or less success); a learned
 table has no vector past its last trained position, which is reported instead of guessed.
+A RoPE model can also be evaluated with another context extension than it was trained with
+(PI, NTK-aware, YaRN: :func:`load_evaluated`), the same weights, no retraining.
+
+Lengths are whole numbers of tokens or multiples of the trained context (``2x``). At each one
+the split is read in non-overlapping windows of that length, every token a target once; the
+rows say how many windows that was and when none reaches the length (a split shorter than it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from collections.abc import Iterator
@@ -16,12 +23,12 @@ from typing import Any
 
 import torch
 
-from lm.batches import eval_batches
-from lm.config import DataConfig
+from lm.batches import eval_batches, eval_windows
+from lm.config import DataConfig, LMError, parse_rope_scaling
 from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World, all_reduce_sum
-from lm.model import loss_sum
-from lm.runs import TOKENIZER, load_run
+from lm.model import TransformerLM, loss_sum
+from lm.runs import TOKENIZER, LoadedRun, load_run
 
 EVAL_FILE = "eval.json"
 
@@ -87,27 +94,106 @@ def evaluate(
     return (total[0].item() / count if count else float("nan")), count
 
 
-def evaluate_run(
+def parse_lengths(text: str) -> list[str]:
+    """``"1x,1.5x,512"`` -> ``["1x", "1.5x", "512"]``: evaluation lengths, each a whole number
+    of tokens (at least 2) or a multiple of the trained context written with an ``x``. A value
+    given twice is kept once. Raises ValueError with a one-line reason."""
+    specs: list[str] = []
+    for item in (v.strip().lower() for v in text.split(",")):
+        if not item:
+            continue
+        if item.endswith("x"):
+            try:
+                multiple = float(item[:-1])
+            except ValueError:
+                multiple = math.nan
+            if not (math.isfinite(multiple) and multiple > 0):
+                raise ValueError(f"{item!r} is not a positive multiple such as 2x or 1.5x")
+            spec = f"{multiple:g}x"
+        else:
+            try:
+                tokens = int(item)
+            except ValueError:
+                raise ValueError(
+                    f"{text!r} is not a comma-separated list of lengths: whole numbers of "
+                    "tokens (e.g. 256) or multiples of the trained context (e.g. 2x, 1.5x)"
+                ) from None
+            if tokens < 2:
+                raise ValueError(f"{item!r}: a length in tokens must be at least 2")
+            spec = str(tokens)
+        if spec not in specs:
+            specs.append(spec)
+    if not specs:
+        raise ValueError(f"{text!r}: no lengths given")
+    return specs
+
+
+def resolve_length(spec: str | int, trained: int) -> int:
+    """A length spec (``"2x"``, ``"1.5x"``, ``"256"`` or an int) in tokens, for a model trained
+    at ``trained``."""
+    text = str(spec)
+    if not text.endswith("x"):
+        return int(text)
+    tokens = round(float(text[:-1]) * trained)
+    if tokens < 2:
+        raise LMError(f"evaluation length {text} of a {trained}-token context is under 2 tokens")
+    return tokens
+
+
+def load_evaluated(
     run_dir: str | Path,
-    context_lengths: list[int] | None = None,
-    split: str = "val",
     checkpoint: str | Path | None = None,
+    device: str = "cpu",
+    rope_scaling: str | None = None,
+) -> LoadedRun:
+    """A run's model as trained, or with another RoPE context extension at evaluation time
+    (``rope_scaling`` ``none``, ``pi:S``, ``ntk:S`` or ``yarn:S`` replaces the run's
+    ``model.rope_scaling``; YaRN's L stays the run's trained context). Same weights either way."""
+    if rope_scaling is not None:
+        method, _ = parse_rope_scaling(rope_scaling, "--rope-scaling")  # before any loading
+    run = load_run(run_dir, checkpoint, device)
+    if rope_scaling is None:
+        return run
+    model = run.config.model
+    if model.position != "rope":
+        raise LMError(
+            f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
+            f"{model.position}"
+        )
+    value = None if method == "none" else rope_scaling.strip()
+    model = dataclasses.replace(model, rope_scaling=value)
+    extended = TransformerLM(model)
+    extended.load_state_dict(run.model.state_dict())
+    config = run.config.replace(model=model)
+    return dataclasses.replace(run, config=config, model=extended.to(device).eval())
+
+
+def evaluate_lengths(
+    run: LoadedRun,
+    run_dir: str | Path,
+    lengths: list[str | int] | None = None,
+    split: str = "val",
     batch_size: int | None = None,
     device: str = "cpu",
     max_batches: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Loss and perplexity of a run's model at each context length; written to ``eval.json``."""
-    run = load_run(run_dir, checkpoint, device)
+    """Loss and perplexity of a loaded run at each length (default: the trained context), with
+    what was read: ``windows`` (how many) and ``window`` (the longest, in tokens); a ``note``
+    says when no window reaches the length, or why a length has no loss."""
     cfg = run.config
     trained = cfg.model.context_length
-    lengths = context_lengths or [trained]
     # The run's own data, from the cache its training made (silently: only the table matters).
     prepared = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
     data_split = prepared.val if split == "val" else prepared.train
     base_batch = batch_size or cfg.train.eval_batch()
     rows = []
-    for length in lengths:
-        row: dict[str, Any] = {"context_length": length, "trained_context": trained}
+    for spec in lengths or ["1x"]:
+        length = resolve_length(spec, trained)
+        row: dict[str, Any] = {
+            "context_length": length,
+            "requested": str(spec),
+            "trained_context": trained,
+        }
         if cfg.model.position == "learned" and length > trained:
             row.update(
                 loss=None,
@@ -118,6 +204,10 @@ def evaluate_run(
             continue
         # About the same number of tokens per batch at every length.
         bs = max(1, base_batch * trained // length)
+        _, sizes = eval_windows(data_split, cfg.data, length)
+        if max_batches is not None:
+            sizes = sizes[: max_batches * bs]
+        windows, longest = len(sizes), int(sizes.max()) - 1 if len(sizes) else 0
         loss, count = evaluate(
             run.model,
             data_split,
@@ -128,21 +218,58 @@ def evaluate_run(
             torch.device(device),
             max_batches=max_batches,
         )
-        row.update(loss=loss, perplexity=math.exp(min(loss, 50.0)), tokens=count)
+        row.update(
+            loss=loss,
+            perplexity=math.exp(min(loss, 50.0)),
+            tokens=count,
+            windows=windows,
+            window=longest,
+        )
+        if longest < length:
+            row["note"] = (
+                f"no window of the {split} split reaches {length} tokens: {windows} window(s), "
+                f"the longest {longest}"
+            )
         rows.append(row)
-    result = {"step": run.step, "split": split, "checkpoint": str(run.checkpoint), "rows": rows}
+    return rows
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    context_lengths: list[str | int] | None = None,
+    split: str = "val",
+    checkpoint: str | Path | None = None,
+    batch_size: int | None = None,
+    device: str = "cpu",
+    max_batches: int | None = None,
+    rope_scaling: str | None = None,
+) -> list[dict[str, Any]]:
+    """``lm eval``: :func:`evaluate_lengths` of a run's model (with ``rope_scaling`` at
+    evaluation time, if given); the rows are also written to ``eval.json``."""
+    run = load_evaluated(run_dir, checkpoint, device, rope_scaling)
+    rows = evaluate_lengths(run, run_dir, context_lengths, split, batch_size, device, max_batches)
+    result = {
+        "step": run.step,
+        "split": split,
+        "checkpoint": str(run.checkpoint),
+        "rope_scaling": run.config.model.rope_scaling,
+        "rows": rows,
+    }
     (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| context | loss | perplexity | targets |", "|---:|---:|---:|---:|"]
+    lines = ["| context | loss | perplexity | targets | windows |", "|---:|---:|---:|---:|---:|"]
+    notes = []
     for r in rows:
         if r["loss"] is None:
-            lines.append(f"| {r['context_length']} | n/a | n/a | {r['note']} |")
+            lines.append(f"| {r['context_length']} | n/a | n/a | | |")
         else:
             lines.append(
                 f"| {r['context_length']} | {r['loss']:.4f} | {r['perplexity']:.2f} "
-                f"| {r['tokens']} |"
+                f"| {r['tokens']} | {r['windows']} |"
             )
-    return "\n".join(lines)
+        if r.get("note"):
+            notes.append(f"{r['context_length']}: {r['note']}")
+    return "\n".join([*lines, "", *notes] if notes else lines)

@@ -21,9 +21,10 @@ from torch.utils.checkpoint import checkpoint
 from lm.attention import LayerKVCache, MultiHeadAttention
 from lm.config import LMError, ModelConfig
 from lm.position import (
+    Rope,
+    RopeCache,
     positions_from_mask,
     positions_from_segments,
-    rope_cos_sin,
     sinusoidal_table,
 )
 
@@ -45,6 +46,21 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+def rope_of(config: ModelConfig) -> Rope | None:
+    """RoPE's angles as the config sets them (None for the other schemes)."""
+    if config.position != "rope":
+        return None
+    pairs = None if config.rope_fraction == 1.0 else config.rope_pairs
+    return Rope(
+        config.head_dim,
+        config.rope_base,
+        pairs,
+        config.rope_method,
+        config.rope_factor,
+        config.rope_context,
+    )
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
@@ -55,7 +71,7 @@ class Block(nn.Module):
             config.d_model,
             config.n_head,
             position=config.position,
-            rope_base=config.rope_base,
+            rope=rope_of(config),
             kernel=config.attention,
             dropout=config.dropout,
             bias=config.bias,
@@ -129,6 +145,8 @@ class TransformerLM(nn.Module):
             table = sinusoidal_table(config.context_length, d)
             self.register_buffer("sinusoids", table, persistent=False)
             self.embed_scale = math.sqrt(d)
+        if config.position == "rope":  # cos and sin of every trained position, computed once
+            self.rope = RopeCache(rope_of(config), config.context_length)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
@@ -225,8 +243,8 @@ class TransformerLM(nn.Module):
         attn["shared"] = {}  # masks and ALiBi bias: built by the first layer, reused by the rest
         if segment_ids is not None:  # attention stays inside each document: (B, 1, T, T)
             attn["mask"] = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-        if self.config.position == "rope":  # cos and sin computed once, for every layer
-            attn["rope"] = rope_cos_sin(positions, self.config.head_dim, self.config.rope_base)
+        if self.config.position == "rope":  # cos and sin looked up once, for every layer
+            attn["rope_angles"] = self.rope(positions, past + T)
         layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
         maps = []
         for block, layer_cache in zip(self.blocks, layer_caches, strict=True):

@@ -96,11 +96,13 @@ def loss_curves(panels: dict[str, Curves], xlabel: str, path: str | Path) -> Pat
 
 
 def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -> Path:
-    """Validation loss against evaluation context length, one line per group.
+    """Validation loss against evaluation context length, one line per group (the mean over
+    seeds, the min-max range shaded), on a log-scaled length axis, as in the ALiBi paper's
+    Figure 1.
 
     A NaN loss (no answer at that length) breaks the line and is named in the legend. A dotted
     vertical line marks the trained context: grey when every group shares it, else one per group
-    in its colour.
+    in its colour. The legend sits beside the axes, never over the lines.
     """
     return _save(loss_vs_context_figure(curves, trained), path)
 
@@ -111,21 +113,27 @@ def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
     lengths: set[float] = set()
     shared = len(set(trained.values())) == 1
     for (group, runs), colour in zip(curves.items(), _colours(len(curves)), strict=True):
-        ys = np.array([np.asarray(y, dtype=float) for _, y in runs])  # (seeds, lengths)
-        x, mean = np.asarray(runs[0][0], dtype=float), ys.mean(axis=0)
+        order = np.argsort(np.asarray(runs[0][0], dtype=float))
+        x = np.asarray(runs[0][0], dtype=float)[order]
+        ys = np.array([np.asarray(y, dtype=float)[order] for _, y in runs])  # (seeds, lengths)
+        mean = ys.mean(axis=0)
         lengths.update(x.tolist())
-        spread = [mean - ys.min(axis=0), ys.max(axis=0) - mean] if len(runs) > 1 else None
         missing = ", ".join(str(int(v)) for v in x[np.isnan(mean)])
         label = f"{group} (n/a at {missing})" if missing else group
-        ax.errorbar(x, mean, yerr=spread, color=colour, marker="o", label=label)
+        if len(runs) > 1:
+            label += f" ({len(runs)} seeds)"
+            low, high = ys.min(axis=0), ys.max(axis=0)
+            ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
+        ax.plot(x, mean, color=colour, marker="o", markersize=4, label=label)
         if not shared:
             ax.axvline(trained[group], color=colour, linestyle=":", linewidth=1)
     if shared:
-        ax.axvline(next(iter(trained.values())), color="grey", linestyle=":", linewidth=1)
+        ax.axvline(next(iter(trained.values())), color="grey", linestyle=":", linewidth=1.2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(lengths), [str(int(v)) for v in sorted(lengths)])
+    ax.minorticks_off()
     ax.set(
-        xlabel="evaluation context length (tokens); dotted: trained length",
+        xlabel="evaluation context length (tokens, log scale); dotted: trained length",
         ylabel="validation loss (nats/token)",
         title="Length extrapolation",
     )

@@ -1,14 +1,17 @@
 """The comparison report: a pure function of what was measured of each run.
 
 :func:`write_report` takes one :class:`RunResult` per run (measured by ``lm.sweep``, or made by
-hand) and writes ``report.md`` (a table with one row per compared value, mean ± std over seeds,
-then every run's greedy continuation), ``report.json`` (every number, per run) and three
-pictures drawn by ``lm.plots``: loss against step and against wall time, and validation loss
-against evaluation context length (length extrapolation). No model is loaded and nothing is
-trained here.
+hand) and writes ``report.md`` (a table with one row per compared value, mean ± std over seeds;
+a table of validation loss at each evaluation length; then every run's greedy continuation),
+``report.json`` (every number, per run) and three pictures drawn by ``lm.plots``: loss against
+step and against wall time, and validation loss against evaluation context length (length
+extrapolation). No model is loaded and nothing is trained here.
 
 What the runs compare is read from their configs (:func:`lm.config.config_diff`): the key that
-differs between them, other than the seed, names the table's first column.
+differs between them, other than the seed, names the table's first column. A RoPE run measured
+with another context extension at evaluation time (``RunResult.rope_scaling``) is its own row
+of the length table and its own line of the length plot (``rope + yarn:4``): the same trained
+runs, no retraining, so the training table lists them once.
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ class RunResult:
     """Median of the logged training throughputs."""
     wall_s: float | None
     extrapolation: list[dict[str, Any]]
-    """``lm.evaluate.evaluate_run``'s rows at whole multiples of the trained context, shortest
-    first: ``context_length`` and ``loss``, or ``loss`` None with a ``note`` saying why."""
+    """``lm.evaluate.evaluate_lengths``'s rows, one per evaluation length: ``context_length``,
+    ``requested`` (``"2x"`` or ``"256"``), ``loss`` (None when there is none), the ``windows``
+    read and the longest ``window``, and a ``note`` saying why a loss is missing or what it
+    measured instead."""
     continuation: str
     """The greedy continuation of the report's prompt, without the prompt."""
     tokenizer_sha256: str
@@ -72,6 +77,9 @@ class RunResult:
     prompt_unknown: int = 0
     """Characters of the continued prompt that are not in the run's vocabulary (became <unk>)."""
     """The run's metrics.jsonl records, for the loss curves."""
+    rope_scaling: str | None = None
+    """The RoPE context extension the evaluation used instead of the trained one (``pi:4``;
+    ``none`` removes a trained one); None: evaluated as trained."""
 
     @property
     def seed(self) -> int:
@@ -101,6 +109,7 @@ class RunResult:
             "data_cache": self.data_cache,
             "trained_context": self.trained_context,
             "eval_batches": self.eval_batches,
+            "rope_scaling": self.rope_scaling,
         }
 
 
@@ -149,23 +158,11 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", "↵").replace("\r", "")
 
 
-def _context_columns(groups: dict[str, list[RunResult]]) -> list[str]:
-    first = next(iter(groups.values()))[0]
-    multiples = [row["context_length"] // first.trained_context for row in first.extrapolation]
-    trained = {runs[0].trained_context for runs in groups.values()}
-    if len(trained) == 1:  # name the lengths; runs of different contexts share only multiples
-        C = trained.pop()
-        return [f"val loss @{m * C} ({m}×)" for m in multiples]
-    return [f"val loss @{m}× context" for m in multiples]
-
-
-def _table(header: str, groups: dict[str, list[RunResult]]) -> tuple[list[str], list[str]]:
-    """The Markdown table, one row per group, and its footnotes (why a cell says n/a)."""
-    at = _context_columns(groups)
+def _table(header: str, groups: dict[str, list[RunResult]]) -> list[str]:
+    """The training table: one row per group of seeds, mean ± std."""
     columns = [header, "seeds", "parameters", "steps", "tokens seen", "final val loss"]
-    columns += ["best val loss", "tokens/s", "wall time", *at]
+    columns += ["best val loss", "tokens/s", "wall time"]
     lines = ["| " + " | ".join(columns) + " |", "|---" + "|---:" * (len(columns) - 1) + "|"]
-    notes: list[str] = []
     for label, runs in groups.items():
         tokens = statistics.mean(r.tokens_seen for r in runs)
         walls = [r.wall_s for r in runs]
@@ -180,6 +177,30 @@ def _table(header: str, groups: dict[str, list[RunResult]]) -> tuple[list[str], 
             _mean_std([r.tokens_per_s for r in runs], ",.0f"),
             "n/a" if None in walls else _duration(statistics.mean(walls)),
         ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _length_columns(groups: dict[str, list[RunResult]]) -> list[str]:
+    first = next(iter(groups.values()))[0]
+    trained = {runs[0].trained_context for runs in groups.values()}
+    if len(trained) == 1:  # name the lengths; runs of different contexts share only the specs
+        C = trained.pop()
+        return [
+            f"val loss @{row['context_length']} ({row['context_length'] / C:g}×)"
+            for row in first.extrapolation
+        ]
+    return [f"val loss @{row['requested']}" for row in first.extrapolation]
+
+
+def _length_table(header: str, groups: dict[str, list[RunResult]]) -> tuple[list[str], list[str]]:
+    """Validation loss at each evaluation length, one row per group (evaluation-time RoPE
+    extensions included), and its footnotes (why a cell says n/a, or what it measured)."""
+    at = _length_columns(groups)
+    lines = ["| " + " | ".join([header, *at]) + " |", "|---" + "|---:" * len(at) + "|"]
+    notes: list[str] = []
+    for label, runs in groups.items():
+        cells = [_cell(label)]
         for i in range(len(at)):
             rows = [r.extrapolation[i] for r in runs]
             cell = _mean_std([row["loss"] for row in rows], ".4f")
@@ -191,6 +212,20 @@ def _table(header: str, groups: dict[str, list[RunResult]]) -> tuple[list[str], 
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return lines, [f"[{i}] {note}" for i, note in enumerate(notes, 1)]
+
+
+def _windows(results: list[RunResult]) -> str:
+    """What each length read: its number of windows, when every run that has a loss there read
+    the same (runs of one trained context on one split do)."""
+    read: dict[int, set[Any]] = {}
+    for r in results:
+        for row in r.extrapolation:
+            if row["loss"] is not None:
+                read.setdefault(row["context_length"], set()).add(row.get("windows"))
+    if not read or any(len(n) != 1 or None in n for n in read.values()):
+        return "The windows each run read are in report.json."
+    counts = ", ".join(f"{next(iter(n)):,} at {length}" for length, n in sorted(read.items()))
+    return f"Windows read: {counts}."
 
 
 def _sharing(results: list[RunResult]) -> str:
@@ -219,14 +254,16 @@ def _curves(groups: dict[str, list[RunResult]], x: str, y: str) -> plots.Curves:
     }
 
 
-def _draw(groups: dict[str, list[RunResult]], out_dir: Path, header: str) -> None:
+def _draw(grouping: _Grouping, out_dir: Path) -> None:
     step, time, context = (out_dir / name for name in PICTURES)
-    if header not in ("run", "runs"):  # one key: the legend names it (``n_layer=2``)
-        groups = {f"{header}={label}": runs for label, runs in groups.items()}
+    trained, groups = grouping.trained, grouping.groups
+    if grouping.header not in ("run", "runs", "rope_scaling"):  # one key: legends name it
+        trained = {f"{grouping.header}={label}": runs for label, runs in trained.items()}
+        groups = {f"{grouping.header}={label}": runs for label, runs in groups.items()}
     panels = {
         x_name: {
-            "training loss": _curves(groups, x, "train_loss"),
-            "validation loss": _curves(groups, x, "val_loss"),
+            "training loss": _curves(trained, x, "train_loss"),
+            "validation loss": _curves(trained, x, "val_loss"),
         }
         for x, x_name in (("step", "step"), ("elapsed_s", "wall time (s)"))
     }
@@ -254,34 +291,76 @@ def _budget(results: list[RunResult]) -> str:
     return f"the first {'/'.join(sorted(str(b) for b in budgets))} batches of"
 
 
-def _grouped(results: list[RunResult]) -> tuple[str, list[str], dict[str, list[RunResult]]]:
-    """The table's first header, each run's label, and the runs grouped by label (the seeds of
-    one compared value), in the order the runs came."""
+@dataclass(frozen=True)
+class _Grouping:
+    header: str
+    """What the runs compare: the first column's name."""
+    labels: list[str]
+    """Each result's row: its trained group, and the evaluation-time extension if any."""
+    groups: dict[str, list[RunResult]]
+    """The results by row label, in the order they came (the seeds of one value together)."""
+    trained: dict[str, list[RunResult]]
+    """Each trained run once, by its trained group (evaluation-time extensions left out)."""
+
+
+def _grouped(results: list[RunResult]) -> _Grouping:
     if not results:
         raise LMError("compare: no runs to report on")
     header, names = labels([r.config for r in results])
+    extended = [r.rope_scaling for r in results]
+    if header == "run" and any(extended):  # one trained config: the rows are the extensions
+        header = "rope_scaling"
+        full = [
+            e or r.config.model.rope_scaling or "none"
+            for r, e in zip(results, extended, strict=True)
+        ]
+    else:
+        full = [n if e is None else f"{n} + {e}" for n, e in zip(names, extended, strict=True)]
     groups: dict[str, list[RunResult]] = {}
-    for r, label in zip(results, names, strict=True):
+    trained: dict[str, list[RunResult]] = {}
+    seen: set[Path] = set()
+    for r, name, label in zip(results, names, full, strict=True):
         groups.setdefault(label, []).append(r)
-    return header, names, groups
+        if r.run_dir not in seen:
+            seen.add(r.run_dir)
+            trained.setdefault(name, []).append(r)
+    return _Grouping(header, full, groups, trained)
 
 
 def render(
     results: list[RunResult], prompt: str, max_new_tokens: int
 ) -> tuple[str, dict[str, Any]]:
     """The report's Markdown (linking the :data:`PICTURES` beside it) and report.json's content."""
-    header, names, groups = _grouped(results)
-    table, notes = _table(header, groups)
+    g = _grouped(results)
+    lengths, notes = _length_table(g.header, g.groups)
+    extended = sorted(
+        {label for r, label in zip(results, g.labels, strict=True) if r.rope_scaling},
+        key=list(g.groups).index,
+    )
+    also = (
+        f" {', '.join(f'`{label}`' for label in extended)}: the same trained runs, evaluated "
+        "with that RoPE context extension in place of their own (`model.rope_scaling` replaced "
+        "at evaluation time, no retraining)."
+        if extended
+        else ""
+    )
+    trained = [r for runs in g.trained.values() for r in runs]
     lines = [
-        f"# {_title(header, [r.config for r in results])}",
+        f"# {_title(g.header, [r.config for r in results])}",
         "",
-        f"{_counts(header, groups)} {_sharing(results)}",
+        f"{_counts(g.header, g.trained if extended else g.groups)} {_sharing(trained)}",
         "Losses are mean next-token cross-entropy in nats per token on the validation split, "
-        f"mean ± std over seeds. `val loss @N` is measured at context length N on "
-        f"{_budget(results)} the validation split by `lm.evaluate.evaluate_run` (the code "
-        "behind `lm eval`).",
+        "mean ± std over seeds.",
         "",
-        *table,
+        *_table(g.header, g.trained),
+        "",
+        "## Validation loss by evaluation length",
+        "",
+        f"`val loss @N` is measured at context length N on {_budget(results)} the validation "
+        "split, in non-overlapping windows of N tokens (every token a target once), by "
+        f"`lm.evaluate.evaluate_lengths` (the code behind `lm eval`). {_windows(results)}{also}",
+        "",
+        *lengths,
         "",
         *(line for note in notes for line in (note, "")),
         *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in PICTURES),
@@ -289,18 +368,18 @@ def render(
         f"## Greedy continuations of “{prompt}”",
         "",
         *_unknown_note(results),
-        f"| {header} | seed | continuation ({max_new_tokens} tokens at most; ↵ is a newline) |",
+        f"| {g.header} | seed | continuation ({max_new_tokens} tokens at most; ↵ is a newline) |",
         "|---|---:|---|",
         *(
             f"| {_cell(label)} | {r.seed} | {_cell(prompt + r.continuation)} |"
-            for r, label in zip(results, names, strict=True)
+            for r, label in zip(results, g.labels, strict=True)
         ),
         "",
     ]
     numbers = {
-        "compared": header,
+        "compared": g.header,
         "prompt": prompt,
-        "runs": [r.to_json(label) for r, label in zip(results, names, strict=True)],
+        "runs": [r.to_json(label) for r, label in zip(results, g.labels, strict=True)],
     }
     return "\n".join(lines), numbers
 
@@ -308,6 +387,8 @@ def render(
 def _title(header: str, configs: list[Config]) -> str:
     if header == "run":
         return "Runs of one config"
+    if header == "rope_scaling":  # one trained config, evaluated with each RoPE extension
+        return "Runs compared by rope_scaling"
     return "Runs compared by " + ", ".join(k.split(".")[-1] for k in compared_keys(configs))
 
 
@@ -326,7 +407,7 @@ def _counts(header: str, groups: dict[str, list[RunResult]]) -> str:
             f"{seeds[0]} to {seeds[-1]} seeds per {'value' if header != 'runs' else 'combination'}"
         )
     )
-    if header == "run":
+    if header in ("run", "rope_scaling"):
         return f"{_plural(runs, 'run')} of one config: {_plural(runs, 'seed')}."
     what = _plural(len(groups), "combination" if header == "runs" else "value")
     of = "of the keys" if header == "runs" else f"of {header}"
@@ -354,8 +435,7 @@ def write_report(
     markdown, numbers = render(results, prompt, max_new_tokens)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    header, _, groups = _grouped(results)
-    _draw(groups, out_dir, header)
+    _draw(_grouped(results), out_dir)
     (out_dir / "report.md").write_text(markdown, encoding="utf-8")
     (out_dir / "report.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
     return markdown

@@ -309,7 +309,11 @@ def load_run(
 # Starting a run from another run's weights (lm train --init-from)
 
 # Model keys a run may change from the one it starts from: none of them is in the weights.
-_MAY_CHANGE = ("context_length", "dropout", "attention")
+# What a run started from another's weights may set anew: none of these changes a weight's shape
+# (RoPE's extension and base are how positions are read, as in the PI paper's fine-tuning).
+_MAY_CHANGE = (
+    "context_length", "dropout", "attention", "rope_scaling", "rope_original_context", "rope_base",
+)  # fmt: skip
 
 
 def _init_source(source: Path) -> tuple[Config, Path]:
@@ -357,6 +361,15 @@ def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM) -> None:
                 f"--init-from {source}: model.{key} is {getattr(saved, key)!r} there and "
                 f"{getattr(ours, key)!r} here (only {', '.join(_MAY_CHANGE)} may change)"
             )
+
+
+def recorded_init_from(run_dir: Path) -> str | None:
+    """The run ``run_dir`` was started from with ``--init-from`` (run.json says), if any."""
+    path = run_dir / PROVENANCE
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("init_from", {}).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def config_for_init(config: Config, source: str | Path) -> Config:

@@ -5,10 +5,14 @@ other key as the config file says. The tokenizer and token ids come from data.py
 by content: the first run makes them and the others find them, so all runs see the same ids.
 A sweep can be run again: finished runs are reused, an interrupted one resumes.
 
+An evaluation-time key (``--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4``) varies nothing in
+training: each trained RoPE run is measured once per value, with that context extension in
+place of its own; runs of the other schemes are measured once, as trained.
+
 :func:`measure_run` loads a finished run and measures what the report shows: its logged losses
-and throughput, its validation loss at 1x, 2x and 4x the trained context (length extrapolation,
-by ``lm.evaluate.evaluate_run``, the code behind ``lm eval``) and a greedy continuation of a
-prompt. ``lm.report`` renders the report from those results alone.
+and throughput, its validation loss at each evaluation length (default 1x, 2x and 4x the
+trained context; by ``lm.evaluate.evaluate_lengths``, the code behind ``lm eval``) and a greedy
+continuation of a prompt. ``lm.report`` renders the report from those results alone.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +33,21 @@ from lm.config import (
     config_diff,
     load_config,
     parse_overrides,
+    parse_rope_scaling,
 )
 from lm.data import print_to_stderr
-from lm.evaluate import evaluate_run
+from lm.evaluate import evaluate_lengths, load_evaluated
 from lm.report import PICTURES, RunResult, write_report
-from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir, load_run
+from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.sample import generate
 from lm.train import train
 
 DEFAULT_OUT = Path("runs/compare")
 DEFAULT_PROMPT = "The for statement"
-EXTRAPOLATION = (1, 2, 4)
-"""Evaluation contexts, as multiples of the trained one."""
+EXTRAPOLATION = ("1x", "2x", "4x")
+"""Default evaluation lengths: multiples of the trained context."""
+EVAL_KEYS = ("eval.rope_scaling",)
+"""Keys ``--vary`` may sweep at evaluation time, on the same trained runs."""
 
 
 def _quiet(message: str) -> None:
@@ -53,7 +60,8 @@ def _quiet(message: str) -> None:
 def parse_vary(text: str) -> tuple[str, list[str]]:
     """``"model.position=rope,alibi"`` -> ``("model.position", ["rope", "alibi"])``.
 
-    The key is checked as ``--set`` checks it; the values are checked when the configs are built.
+    A config key is checked as ``--set`` checks it, its values when the configs are built; an
+    evaluation key (:data:`EVAL_KEYS`) and its values are checked here.
     """
     if "=" not in text:
         raise ConfigError(
@@ -69,11 +77,46 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         raise ConfigError(f"--vary {key}: a value is listed twice")
     if key == "train.seed":
         raise ConfigError("--vary train.seed: use --seeds to repeat runs over seeds")
+    if key.startswith("eval."):
+        if key not in EVAL_KEYS:
+            raise ConfigError(
+                f"--vary {key}: unknown evaluation key (allowed: {', '.join(EVAL_KEYS)})"
+            )
+        for value in texts:
+            parse_rope_scaling(value, f"--vary {key}")
+        return key, texts
     parse_overrides([f"{key}={v}" for v in texts], flag="--vary")
     return key, texts
 
 
-def _run_dir(out_dir: Path, key: str, value: str, seed: int) -> Path:
+def split_varies(
+    varies: list[str], rope_scaling: str | None = None
+) -> tuple[tuple[str, list[str]] | None, list[str] | None]:
+    """The ``--vary`` flags as (the config key to train over and its values, or None) and (the
+    RoPE extensions to evaluate every RoPE run with, or None). ``rope_scaling`` (``--rope-scaling``)
+    is one extension for all."""
+    training, evaluation = [], []
+    for text in varies:
+        key, values = parse_vary(text)
+        (evaluation if key in EVAL_KEYS else training).append((key, values))
+    if len(training) > 1:
+        raise ConfigError(
+            f"--vary {training[0][0]} and --vary {training[1][0]}: a sweep varies one training "
+            "key (run one sweep per key); an evaluation key (eval.rope_scaling) may join it"
+        )
+    if len(evaluation) > 1:
+        raise ConfigError("--vary eval.rope_scaling: given twice")
+    if rope_scaling is not None:
+        parse_rope_scaling(rope_scaling, "--rope-scaling")
+        if evaluation:
+            raise ConfigError("--rope-scaling and --vary eval.rope_scaling: give one of them")
+        evaluation = [("eval.rope_scaling", [rope_scaling])]
+    return (training[0] if training else None), (evaluation[0][1] if evaluation else None)
+
+
+def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Path:
+    if key is None or value is None:  # one config, only its seeds
+        return out_dir / f"seed{seed}"
     safe = value.replace("/", "_")  # a path-like value must not become nested folders
     return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
 
@@ -104,8 +147,8 @@ def _check_same_config(run_dir: Path, config: Config) -> None:
 
 def run_sweep(
     config_path: str | Path,
-    vary_key: str,
-    values: list[str],
+    vary_key: str | None,
+    values: list[str] | None,
     seeds: list[int] | None = None,
     overrides: list[str] | None = None,
     out_dir: str | Path = DEFAULT_OUT,
@@ -113,20 +156,22 @@ def run_sweep(
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
-    ``seeds`` default to the config's own ``train.seed``. Every config is built and checked
-    before the first run starts, so a bad value fails at once, not after an hour of training.
+    ``vary_key`` None: the config as it is, once per seed. ``seeds`` default to the config's
+    own ``train.seed``. Every config is built and checked before the first run starts, so a bad
+    value fails at once, not after an hour of training.
     """
     overrides = overrides or []
     out_dir = Path(out_dir)
     log = _quiet if quiet else print_to_stderr
     if seeds is None:
         seeds = [load_config(config_path, overrides).train.seed]
+    settings = [(v, [f"{vary_key}={v}"]) for v in values or []] if vary_key else [(None, [])]
     plan = [
         (
             _run_dir(out_dir, vary_key, value, seed),
-            load_config(config_path, [*overrides, f"{vary_key}={value}", f"train.seed={seed}"]),
+            load_config(config_path, [*overrides, *setting, f"train.seed={seed}"]),
         )
-        for value in values
+        for value, setting in settings
         for seed in seeds
     ]
     for run_dir, config in plan:
@@ -204,19 +249,24 @@ def measure_run(
     max_new_tokens: int,
     eval_batches: int | None,
     device: str,
+    lengths: list[str] | None = None,
+    rope_scaling: str | None = None,
 ) -> RunResult:
-    """Everything the report shows of one run. ``eval_batches`` bounds the extrapolation
-    evaluation (None: the run's ``train.eval_steps``, the budget of its own validation loss)."""
-    run = load_run(run_dir, device=device)
-    cfg = run.config
+    """Everything the report shows of one run, its model evaluated with ``rope_scaling`` in
+    place of its own when given. ``lengths`` default to :data:`EXTRAPOLATION`; ``eval_batches``
+    bounds each length's evaluation (None: the whole validation split)."""
+    cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
+    own = cfg.model.position == "rope" and rope_scaling is not None
+    if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
+        rope_scaling = None  # the run's own extension: measured as trained
+    run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
     records = _read_metrics(run_dir)
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
-    if eval_batches is None:
-        eval_batches = cfg.train.eval_steps
-    lengths = [m * cfg.model.context_length for m in EXTRAPOLATION]
-    rows = evaluate_run(run_dir, lengths, device=device, max_batches=eval_batches)
+    rows = evaluate_lengths(
+        run, run_dir, lengths or list(EXTRAPOLATION), device=device, max_batches=eval_batches
+    )
     tok = run.tokenizer
     prompt_ids = tok.encode(prompt) or [tok.eod_id]
     new = generate(run.model, [prompt_ids], max_new_tokens, tok.pad_id, tok.eod_id)[0]
@@ -239,27 +289,54 @@ def measure_run(
         eval_batches=eval_batches,
         metrics=records,
         prompt_unknown=tok.count_unknown(prompt),
+        rope_scaling=rope_scaling,
     )
+
+
+def _check_rope(positions: Iterable[str]) -> None:
+    if "rope" not in set(positions):
+        raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
 
 
 def report(
     run_dirs: list[Path],
     out_dir: str | Path = DEFAULT_OUT,
     *,
+    rope_scalings: list[str] | None = None,
+    eval_lengths: list[str] | None = None,
     prompt: str | None = None,
     max_new_tokens: int = 80,
     eval_batches: int | None = None,
     device: str = "cpu",
     log: Callable[[str], None] = print_to_stderr,
 ) -> str:
-    """Measure every run and write the report into ``out_dir``; return its Markdown."""
+    """Measure every run and write the report into ``out_dir``; return its Markdown.
+
+    ``rope_scalings``: every RoPE run is measured once per extension (``none``: as trained),
+    the other runs once. ``eval_lengths``: the evaluation lengths (default 1x, 2x, 4x)."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
     prompt = DEFAULT_PROMPT if prompt is None else prompt
+    positions = {Path(d): load_config(Path(d) / CONFIG).model.position for d in run_dirs}
+    if rope_scalings is not None:
+        _check_rope(positions.values())
     results = []
-    for run_dir in run_dirs:
-        log(f"compare: evaluating {run_dir}")
-        results.append(measure_run(Path(run_dir), prompt, max_new_tokens, eval_batches, device))
+    for run_dir, position in positions.items():
+        variants = rope_scalings if rope_scalings is not None and position == "rope" else [None]
+        for variant in variants:
+            how = "" if variant is None else f" with rope_scaling {variant}"
+            log(f"compare: evaluating {run_dir}{how}")
+            results.append(
+                measure_run(
+                    run_dir,
+                    prompt,
+                    max_new_tokens,
+                    eval_batches,
+                    device,
+                    eval_lengths,
+                    variant,
+                )
+            )
     markdown = write_report(results, out_dir, prompt, max_new_tokens)
     log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and {len(PICTURES)} pictures")
     return markdown
@@ -267,27 +344,38 @@ def report(
 
 def compare(
     paths: list[str],
-    vary: str | None = None,
+    vary: list[str] | None = None,
     seeds: list[int] | None = None,
     overrides: list[str] | None = None,
     out: str | Path | None = None,
     quiet: bool = False,
+    rope_scaling: str | None = None,
     **report_options: Any,
 ) -> str:
     """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
-    of runs that exist (run folders, or folders holding them). Returns the Markdown."""
+    of runs that exist (run folders, or folders holding them). Returns the Markdown.
+
+    ``vary`` holds at most one config key to train over and at most one evaluation key
+    (``eval.rope_scaling``), which measures the same trained runs again without retraining;
+    ``rope_scaling`` is one evaluation-time extension for every RoPE run."""
     is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
     log = _quiet if quiet else print_to_stderr
     if out is not None:
         check_out_dir(out)
-    if vary is not None or is_config:
+    training, rope_scalings = split_varies(vary or [], rope_scaling)
+    report_options["rope_scalings"] = rope_scalings
+    if training is not None or is_config:
         if not is_config:
             raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
-        if vary is None:
+        if training is None and rope_scalings is None:
             raise ConfigError(
                 f"{paths[0]}: a sweep needs --vary KEY=V1,V2,... (e.g. model.position=rope,alibi)"
             )
-        key, values = parse_vary(vary)
+        key, values = training if training is not None else (None, None)
+        if rope_scalings is not None:  # refused before any training, not after it
+            settings = [[f"{key}={v}"] for v in values or []] if key else [[]]
+            configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
+            _check_rope(c.model.position for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet)
         return report(runs, out_dir, log=log, **report_options)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lm.attention import MultiHeadAttention, attention, causal_mask
+from lm.position import Rope
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +124,23 @@ def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal)
         a, _ = fused(x, key_mask=key_mask, causal=causal)
         b, _ = explicit(x, key_mask=key_mask, causal=causal)
         assert torch.isfinite(a).all() and torch.isfinite(b).all()
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [Rope(4, method="yarn", factor=4.0, context=4), Rope(4, pairs=1, method="pi", factor=2.0)],
+    ids=["yarn", "partial-pi"],
+)
+def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
+    torch.manual_seed(1)
+    fused = MultiHeadAttention(16, 4, position="rope", rope=rope, kernel="sdpa")
+    explicit = MultiHeadAttention(16, 4, position="rope", rope=rope, kernel="math")
+    explicit.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 7, 16)
+    for key_mask in (None, _masks(2, 7)):
+        a, _ = fused(x, key_mask=key_mask, causal=True)
+        b, _ = explicit(x, key_mask=key_mask, causal=True)
         torch.testing.assert_close(a, b)
 
 

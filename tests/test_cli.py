@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from _support import expect_error, metrics, train_via_cli, write_config
 
 from lm.cli import main
@@ -54,6 +55,57 @@ def test_eval_prints_a_table_and_writes_json(trained, capsys):
     assert all(r["loss"] > 0 for r in rows)
 
 
+def test_eval_takes_multiples_of_the_context_and_says_what_it_read(trained, capsys):
+    run = trained / "run"
+    assert main(["eval", str(run), "--context-lengths", "1x,1.5x,64,100000"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((run / "eval.json").read_text())["rows"]
+    assert [(r["context_length"], r["requested"]) for r in rows] == [
+        (32, "1x"),
+        (48, "1.5x"),
+        (64, "64"),
+        (100000, "100000"),
+    ]
+    n = rows[0]["tokens"] + 1  # the validation split's tokens: every one but the first a target
+    assert all(r["tokens"] == n - 1 for r in rows)  # the whole split at every length
+    assert rows[0]["windows"] == -(-(n - 1) // 32) and rows[0]["window"] == 32
+    assert "note" not in rows[0]
+    longest = rows[-1]
+    assert longest["windows"] == 1 and longest["window"] == n - 1
+    assert longest["note"] == (
+        f"no window of the val split reaches 100000 tokens: 1 window(s), the longest {n - 1}"
+    )
+    assert f"100000: {longest['note']}" in out
+
+
+def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsys):
+    from lm.evaluate import load_evaluated
+    from lm.position import Rope
+
+    run = trained / "run"
+    args = ["--context-lengths", "2x", "--max-batches", "2"]
+    assert main(["eval", str(run), *args]) == 0
+    plain = json.loads((run / "eval.json").read_text())
+    assert plain["rope_scaling"] is None
+    for method in ("pi:2", "ntk:2", "yarn:2"):
+        assert main(["eval", str(run), *args, "--rope-scaling", method]) == 0
+        assert json.loads((run / "eval.json").read_text())["rope_scaling"] == method
+    assert main(["eval", str(run), *args, "--rope-scaling", "none"]) == 0
+    assert json.loads((run / "eval.json").read_text())["rows"] == plain["rows"]  # as trained
+    # The same weights; only the angles change, YaRN's L being the trained context.
+    trained_model = load_evaluated(run).model
+    extended = load_evaluated(run, rope_scaling="yarn:2").model
+    assert extended.config.rope_scaling == "yarn:2" and extended.config.context_length == 32
+    assert extended.blocks[0].attn.rope == Rope(16, method="yarn", factor=2.0, context=32)
+    weights = trained_model.state_dict()
+    assert all(torch.equal(t, weights[k]) for k, t in extended.state_dict().items())
+    assert not torch.equal(extended.rope.cos, trained_model.rope.cos)
+    capsys.readouterr()
+    argv = ["sample", str(run), "--prompt", "def f", "--max-new-tokens", "8"]
+    assert main([*argv, "--rope-scaling", "yarn:2"]) == 0
+    assert capsys.readouterr().out.startswith("def f")
+
+
 def test_set_overrides_and_their_errors(tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml")
     args = ["--set", "train.max_steps=3", "model.position=alibi", "--set", "train.max_steps=4"]
@@ -80,12 +132,32 @@ def test_set_overrides_and_their_errors(tmp_path, capsys):
         (["sample", "no/such/run", "--prompt", "x"], "no such run directory"),
         (["sample", "x"], "the following arguments are required: --prompt"),
         (["eval", "x", "--context-lengths", "a,b"], "not a comma-separated list"),
+        (["eval", "x", "--context-lengths", "1.5"], "not a comma-separated list of lengths"),
+        (["eval", "x", "--context-lengths", "1"], "'1': a length in tokens must be at least 2"),
+        (["eval", "x", "--context-lengths", "0x"], "'0x' is not a positive multiple"),
+        (["eval", "x", "--rope-scaling", "spiral:4"], "--rope-scaling: 'spiral:4' is not one of"),
+        (["eval", "x", "--rope-scaling", "pi:0"], "the factor of 'pi:0' must be a number >= 1"),
+        (["sample", "x", "--prompt", "a", "--rope-scaling", "yarn:x"], "is not a number"),
         (["train"], "the following arguments are required: config"),
         (["frobnicate"], "invalid choice"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     expect_error(capsys, argv, message)
+
+
+def test_rope_settings_in_a_training_config_are_refused_in_one_line(tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml")
+    for setting, message in [
+        ("model.rope_scaling=yarn", "model.rope_scaling: 'yarn' needs a factor"),
+        ("model.rope_scaling=pi:-1", "must be a number >= 1"),
+        ("model.position=alibi model.rope_scaling=ntk:2", "this model uses position: alibi"),
+    ]:
+        out = tmp_path / "r"
+        expect_error(
+            capsys, ["train", str(cfg), "--out", str(out), "--set", *setting.split()], message
+        )
+        assert not out.exists()
 
 
 def test_python_dash_m_and_help():

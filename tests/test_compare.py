@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,14 +58,15 @@ def report_json(sweep) -> dict[str, dict]:
     return {r["label"]: r for r in data["runs"]}
 
 
-def table_row(sweep, scheme: str) -> list[str]:
-    """The cells of ``scheme``'s row in report.md's table (not in the continuations' table)."""
+def table_row(out: Path, label: str, width: int = 9) -> list[str]:
+    """The cells of ``label``'s row in report.md's table of ``width`` columns: 9 the training
+    table, 4 the length table (1x, 2x, 4x), 3 the continuations."""
     rows = [
-        [cell.strip() for cell in line.strip().strip("|").split("|")]
-        for line in (sweep.out / "report.md").read_text().splitlines()
-        if line.startswith(f"| {scheme} |")
+        [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        for line in (out / "report.md").read_text().splitlines()
+        if line.startswith(f"| {label} |")
     ]
-    rows = [cells for cells in rows if len(cells) == 12]
+    rows = [cells for cells in rows if len(cells) == width]
     assert len(rows) == 1, rows
     return rows[0]
 
@@ -79,9 +81,9 @@ def test_every_run_is_trained_and_the_table_has_one_row_of_finite_numbers_per_sc
         assert r["tokens_seen"] == 16 * 8 * 32 and r["tokens_exact"]
         for key in ("final_val_loss", "best_val_loss", "tokens_per_s", "wall_s"):
             assert math.isfinite(r[key]) and r[key] > 0, (scheme, key)
-        cells = table_row(sweep, scheme)
+        cells = table_row(sweep.out, scheme)
         # final val, best val, 1x context: plain finite numbers with one seed
-        for cell in (cells[5], cells[6], cells[9]):
+        for cell in (cells[5], cells[6], table_row(sweep.out, scheme, 4)[1]):
             assert math.isfinite(float(cell))
         assert float(cells[5]) == pytest.approx(r["final_val_loss"], abs=1e-4)
         assert r["continuation"], "the greedy continuation is empty"
@@ -118,10 +120,10 @@ def test_extrapolation_at_2x_runs_for_every_scheme_and_learned_says_why_not(swee
     assert math.isfinite(rope_2x["loss"])
     learned_2x = numbers["learned"]["extrapolation"][1]
     assert learned_2x["loss"] is None and "learned positions stop at 32" in learned_2x["note"]
-    cells = table_row(sweep, "learned")
-    assert cells[10] == "n/a [1]" and cells[11] == "n/a [1]"
+    cells = table_row(sweep.out, "learned", 4)
+    assert cells[2] == "n/a [1]" and cells[3] == "n/a [1]"
     assert "[1] learned positions stop at 32" in (sweep.out / "report.md").read_text()
-    assert math.isfinite(float(table_row(sweep, "rope")[10]))
+    assert math.isfinite(float(table_row(sweep.out, "rope", 4)[2]))
 
 
 def test_rerun_reuses_finished_runs_and_resumes_an_interrupted_one(sweep):
@@ -192,6 +194,24 @@ def test_position_pictures(sweep, tmp_path):
         (["--vary", "model.position=rope,spiral"], "model.position: 'spiral' is not one of"),
         (["--vary", "train.seed=1,2"], "use --seeds"),
         ([], "a sweep needs --vary"),
+        (["--vary", "eval.rope_scaling=spiral:4"], "--vary eval.rope_scaling: 'spiral:4' is not"),
+        (["--vary", "eval.rope_scaling=none,pi:0"], "the factor of 'pi:0' must be a number >= 1"),
+        (["--vary", "eval.rope_scaling=ntk:x"], "the factor of 'ntk:x' is not a number"),
+        (["--vary", "eval.temperature=1,2"], "--vary eval.temperature: unknown evaluation key"),
+        (
+            ["--vary", "model.position=alibi,none", "--vary", "eval.rope_scaling=pi:4"],
+            "none of the runs uses position: rope",
+        ),
+        (["--set", "model.position=alibi", "--rope-scaling", "yarn:4"], "position: rope"),
+        (
+            ["--vary", "model.position=rope", "--vary", "model.n_layer=1,2"],
+            "a sweep varies one training key",
+        ),
+        (
+            ["--vary", "eval.rope_scaling=none", "--rope-scaling", "pi:4"],
+            "--rope-scaling and --vary eval.rope_scaling: give one of them",
+        ),
+        (["--vary", "model.position=rope", "--eval-lengths", "1.5"], "list of lengths"),
     ],
 )
 def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_path, capsys):
@@ -220,3 +240,78 @@ def test_report_only_from_run_folders(sweep, tmp_path, capsys):
     assert printed.strip() == (tmp_path / "report.md").read_text().strip()
     assert "first 1 batches" in printed
     assert all(Path(tmp_path / name).is_file() for name in PICTURES)
+
+
+def test_an_evaluation_only_vary_measures_the_same_runs_without_retraining(sweep, tmp_path):
+    from lm.evaluate import evaluate_run
+
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep.out, out)  # copy2: the files keep their times
+
+    def record() -> dict[Path, tuple[int, int]]:
+        files = [*out.glob("*/seed*/checkpoints/*/*"), *out.glob("*/seed*/metrics.jsonl")]
+        return {f: (f.stat().st_mtime_ns, f.stat().st_size) for f in files}
+
+    before = record()
+    assert len(before) > 4  # both runs: checkpoint files and metrics
+    argv = [a if a != str(sweep.out) else str(out) for a in sweep.argv]
+    methods = "none,pi:4,ntk:4,yarn:4"
+    argv += ["--vary", f"eval.rope_scaling={methods}", "--eval-lengths", "1x,1.5x,2x"]
+    assert main(argv) == 0
+    assert record() == before  # nothing trained, resumed or saved
+    assert sorted(p.parent.parent.name for p in out.glob("*/seed*/config.yaml")) == [
+        "position=learned",
+        "position=rope",
+    ]
+    data = json.loads((out / "report.json").read_text())
+    labels = ["rope", "rope + pi:4", "rope + ntk:4", "rope + yarn:4", "learned"]
+    assert [r["label"] for r in data["runs"]] == labels
+    assert [r["rope_scaling"] for r in data["runs"]] == [None, "pi:4", "ntk:4", "yarn:4", None]
+    assert table_row(out, "position", 4) == [
+        "position",
+        "val loss @32 (1×)",
+        "val loss @48 (1.5×)",
+        "val loss @64 (2×)",
+    ]
+    # Each row is what lm eval measures with that extension on the same run.
+    rope = out / "position=rope" / "seed1"
+    for label in labels[:4]:
+        method = label.partition(" + ")[2] or None
+        cells = table_row(out, label, 4)
+        rows = evaluate_run(rope, ["1x", "1.5x", "2x"], rope_scaling=method)
+        assert cells[1:] == [f"{row['loss']:.4f}" for row in rows], label
+    assert table_row(out, "learned", 4)[2:] == ["n/a [1]", "n/a [1]"]
+    # The training table lists each trained run once.
+    assert table_row(out, "rope")[1] == table_row(out, "learned")[1] == "1"
+    assert "| rope + pi:4 | 1 | 28," not in (out / "report.md").read_text()
+    with Image.open(out / "loss_vs_context.png") as image:
+        assert min(image.size) > 100
+
+
+def test_an_evaluation_time_extension_of_a_run_without_rope_is_refused(sweep, capsys):
+    learned = str(sweep.runs["learned"])
+    for argv in (
+        ["eval", learned, "--rope-scaling", "pi:4"],
+        ["sample", learned, "--prompt", "x", "--rope-scaling", "yarn:2"],
+    ):
+        expect_error(capsys, argv, "extends RoPE; this run uses position: learned")
+    expect_error(
+        capsys,
+        ["compare", learned, "--vary", "eval.rope_scaling=pi:4", "--out", str(sweep.root / "x")],
+        "none of the runs uses position: rope",
+    )
+
+
+def test_one_config_evaluated_with_each_extension_needs_no_training_vary(sweep, tmp_path):
+    out = tmp_path / "one"
+    shutil.copytree(sweep.runs["rope"], out / "seed1")  # the run this config trains, finished
+    state = (out / "seed1" / "metrics.jsonl").read_bytes()
+    cfg = sweep.argv[1]
+    argv = ["compare", cfg, "--vary", "eval.rope_scaling=none,ntk:2", "--seeds", "1", "--quiet"]
+    cache = f"data.cache_dir={sweep.root / 'cache'}"
+    assert main([*argv, "--set", cache, "--out", str(out), "--max-new-tokens", "4"]) == 0
+    assert (out / "seed1" / "metrics.jsonl").read_bytes() == state  # reused, not retrained
+    assert list(out.glob("*/config.yaml")) == [out / "seed1" / "config.yaml"]
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# Runs compared by rope_scaling\n")
+    assert table_row(out, "none", 4)[0] == "none" and table_row(out, "ntk:2", 4)[0] == "ntk:2"

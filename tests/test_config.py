@@ -74,6 +74,48 @@ def test_bad_configs_give_one_line_naming_the_key(tmp_path, text, message):
     assert_one_line(e, message)
 
 
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("model.rope_scaling=spiral:4", "model.rope_scaling: 'spiral:4' is not one of none, pi:"),
+        ("model.rope_scaling=pi", "model.rope_scaling: 'pi' needs a factor, for example pi:4"),
+        ("model.rope_scaling=yarn:four", "the factor of 'yarn:four' is not a number"),
+        ("model.rope_scaling=ntk:0", "the factor of 'ntk:0' must be a number >= 1"),
+        ("model.rope_scaling=pi:-2", "the factor of 'pi:-2' must be a number >= 1"),
+        ("model.rope_scaling=pi:nan", "the factor of 'pi:nan' must be a number >= 1"),
+        ("model.rope_fraction=0", "model.rope_fraction: must be in (0, 1], got 0.0"),
+        ("model.rope_fraction=0.3", "0.3 of the 8 pairs of a head is 2.4 pairs"),
+        ("model.rope_original_context=0", "model.rope_original_context: must be > 0"),
+    ],
+)
+def test_bad_rope_settings_are_one_line_naming_the_key(setting, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.d_model=32", "model.n_head=2", setting])
+    assert_one_line(e, message)
+
+
+@pytest.mark.parametrize("position", ["alibi", "sinusoidal", "learned", "none"])
+def test_rope_settings_on_another_scheme_are_refused(position):
+    ok = load_config(None, [f"model.position={position}", "model.rope_scaling=none"])
+    assert ok.model.rope_method == "none"
+    for setting, key in [
+        ("model.rope_scaling=yarn:4", "model.rope_scaling"),
+        ("model.rope_fraction=0.5", "model.rope_fraction"),
+        ("model.rope_original_context=64", "model.rope_original_context"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"model.position={position}", setting])
+        assert_one_line(e, key, f"position: {position}" if "scaling" in key else position)
+
+
+def test_rope_settings_read_as_method_factor_pairs_and_context():
+    cfg = load_config(None, ["model.rope_scaling=yarn:2.5", "model.rope_fraction=0.25"]).model
+    assert (cfg.rope_method, cfg.rope_factor, cfg.rope_pairs) == ("yarn", 2.5, 4)  # of 16 pairs
+    assert cfg.rope_context == cfg.context_length
+    cfg = load_config(None, ["model.rope_original_context=64"]).model
+    assert (cfg.rope_method, cfg.rope_factor, cfg.rope_context) == ("none", 1.0, 64)
+
+
 def test_overrides_use_dotted_keys_last_wins_and_same_validation(tmp_path):
     p = write(tmp_path, "model:\n  n_layer: 2\ntrain:\n  lr: 0.001\n")
     cfg = load_config(p, ["model.position=sinusoidal", "train.lr=3e-4", "train.lr=5e-4"])

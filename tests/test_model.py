@@ -143,3 +143,22 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
         b = explicit(ids, key_mask=key_mask, segment_ids=segments)
     real = key_mask  # pads' outputs are unspecified
     torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"rope_scaling": "none"},
+        {"rope_scaling": "pi:1"},
+        {"rope_scaling": "ntk:1"},
+        {"rope_scaling": "yarn:1"},
+        {"rope_fraction": 1.0, "rope_original_context": 4},
+    ],
+    ids=str,
+)
+def test_rope_without_an_extension_is_the_plain_model_bit_for_bit(setting):
+    ids = torch.randint(0, 37, (2, 40))  # past the 16 trained positions too
+    with torch.no_grad():
+        plain = tiny("rope")
+        assert torch.equal(tiny("rope", **setting)(ids), plain(ids))
+        assert torch.equal(tiny("rope", **setting)(ids[:, :16]), plain(ids[:, :16]))

@@ -96,7 +96,7 @@ def test_report_wording_fits_any_sweep():
 
 
 def test_a_numeric_sweep_names_its_key_in_the_legend(tmp_path):
-    from lm.report import _draw
+    from lm.report import _draw, _Grouping
 
     a = _result()
     drawn = {}
@@ -108,7 +108,8 @@ def test_a_numeric_sweep_names_its_key_in_the_legend(tmp_path):
     original = plots.loss_curves
     plots.loss_curves = catch
     try:
-        _draw({"2": [a], "4": [a]}, tmp_path, "n_layer")
+        groups = {"2": [a], "4": [a]}
+        _draw(_Grouping("n_layer", ["2", "4"], groups, groups), tmp_path)
     finally:
         plots.loss_curves = original
     assert list(drawn) == ["n_layer=2", "n_layer=4"]

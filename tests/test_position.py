@@ -2,16 +2,23 @@
 
 import math
 
+import pytest
 import torch
 
 from lm.attention import MultiHeadAttention
 from lm.position import (
+    Rope,
+    RopeCache,
     alibi_bias,
     alibi_slopes,
     apply_rope,
+    ntk_base,
     positions_from_mask,
     positions_from_segments,
+    rope_frequencies,
     sinusoidal_table,
+    yarn_attention_factor,
+    yarn_frequencies,
 )
 
 
@@ -92,3 +99,123 @@ def test_positions_count_real_tokens_only_and_restart_at_each_document():
     assert positions_from_mask(ones, torch.tensor([3, 5])).tolist() == [[3, 4], [5, 6]]
     segments = torch.tensor([[0, 0, 0, 1, 1, 2], [4, 4, 4, 4, 4, 4]])
     assert positions_from_segments(segments).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
+
+
+# RoPE past its trained context: PI, NTK-aware, YaRN; partial RoPE.
+
+
+def same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
+    """Bit-for-bit equal tensors, pair by pair (cos with cos, sin with sin)."""
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+EXTENDED = [
+    Rope(8, method="pi", factor=4.0),
+    Rope(8, method="ntk", factor=4.0),
+    Rope(8, method="yarn", factor=4.0, context=64),
+    Rope(8, pairs=2),
+    Rope(8, pairs=2, method="yarn", factor=4.0, context=64),
+]
+
+
+def test_pi_angles_are_positions_over_s_times_theta():
+    cos, sin = Rope(4, method="pi", factor=4.0).cos_sin(torch.tensor([6]), torch.float64)
+    for i, theta in enumerate((1.0, 0.01)):  # 10000^(-2i/4)
+        assert math.isclose(cos[0, i].item(), math.cos(6 / 4 * theta), abs_tol=1e-15)
+        assert math.isclose(sin[0, i].item(), math.sin(6 / 4 * theta), abs_tol=1e-15)
+
+
+def test_pi_at_factor_s_is_plain_rope_at_positions_m_over_s():
+    torch.manual_seed(0)
+    x, m = torch.randn(2, 3, 10, 8), torch.arange(10)
+    for s in (2.0, 4.0, 2.5):
+        pi = Rope(8, method="pi", factor=s).apply(x, m)
+        assert torch.equal(pi, apply_rope(x, m.double() / s))
+
+
+def test_ntk_raises_the_base_by_s_to_the_d_over_d_minus_2():
+    theta = Rope(8, base=10000.0, method="ntk", factor=4.0).frequencies()
+    base = 10000.0 * 4.0 ** (8 / 6)
+    expected = [base ** (-2 * i / 8) for i in range(4)]
+    torch.testing.assert_close(theta, torch.tensor(expected, dtype=torch.float64))
+    plain = rope_frequencies(8)
+    assert theta[0] == plain[0] == 1.0  # the fastest pair keeps its frequency
+    assert math.isclose(theta[-1].item(), plain[-1].item() / 4.0, rel_tol=1e-12)  # slowest / s
+    assert ntk_base(10000.0, 4.0, 2) == 10000.0  # one pair: theta_0 = 1 whatever the base
+
+
+def test_yarn_ramp_below_between_and_above_the_thresholds():
+    L, s = 64, 4.0
+    turns = torch.tensor([0.5, 1.0, 16.5, 32.0, 40.0], dtype=torch.float64)  # r = L / lambda
+    theta = turns * 2 * math.pi / L
+    got = yarn_frequencies(theta, s, L)  # alpha 1, beta 32
+    gamma = [0.0, 0.0, 0.5, 1.0, 1.0]  # (r - 1) / 31, clamped to [0, 1]
+    expected = [(1 - g) * t / s + g * t for g, t in zip(gamma, theta.tolist(), strict=True)]
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64))
+    assert got[0] == theta[0] / s and got[-1] == theta[-1]  # interpolated as PI / left alone
+    # A head of 2 pairs trained at 64: theta = (1, 0.01) turn r = 64 theta / 2 pi = 10.19 and
+    # 0.10 times, so the slow pair is divided by s and the fast one only partly.
+    g = (64 / (2 * math.pi) - 1) / 31
+    torch.testing.assert_close(
+        Rope(4, method="yarn", factor=s, context=L).frequencies(),
+        torch.tensor([(1 - g) / s + g, 0.01 / s], dtype=torch.float64),
+    )
+
+
+def test_yarn_multiplies_the_logits_by_its_temperature():
+    s = 4.0
+    assert yarn_attention_factor(s) == 0.1 * math.log(s) + 1
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 8).double(), torch.randn(1, 8).double()
+    yarn = Rope(8, method="yarn", factor=s, context=64)
+    zero = torch.tensor([0])  # every angle is 0 there: only the temperature is left
+    score = (yarn.apply(q, zero) * yarn.apply(k, zero)).sum().item()
+    assert math.isclose(score, (0.1 * math.log(s) + 1) ** 2 * (q * k).sum().item(), rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
+def test_factor_1_is_the_notes_rope_exactly(method):
+    positions = torch.tensor([[0, 3, 17, 1000], [5, 5, 6, 7]])
+    plain = Rope(16).cos_sin(positions)
+    assert same(Rope(16, method=method, factor=1.0, context=8).cos_sin(positions), plain)
+    theta = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # the notes' theta_i
+    assert torch.equal(plain[0], torch.cos(positions.double()[..., None] * theta).float())
+
+
+def test_partial_rope_rotates_the_first_pairs_only():
+    torch.manual_seed(0)
+    x = torch.randn(5, 8).double()
+    out = Rope(8, pairs=2).apply(x, torch.arange(5) * 7)
+    assert torch.equal(out[:, 4:], x[:, 4:])  # pairs 2 and 3 unrotated
+    # The rotated pairs span the whole range of frequencies over their own width d = 4.
+    torch.testing.assert_close(out[:, :4], apply_rope(x[:, :4], torch.arange(5) * 7))
+    assert torch.equal(
+        Rope(8, pairs=4).cos_sin(torch.arange(9))[0], Rope(8).cos_sin(torch.arange(9))[0]
+    )
+
+
+@pytest.mark.parametrize("rope", EXTENDED, ids=lambda r: f"{r.method}:{r.factor:g}/{r.pairs}")
+def test_every_extension_keeps_scores_a_function_of_the_offset(rope):
+    torch.manual_seed(0)
+    q, k = torch.randn(8).double(), torch.randn(8).double()
+
+    def score(l, s):
+        return (
+            rope.apply(q[None], torch.tensor([l]))[0] @ rope.apply(k[None], torch.tensor([s]))[0]
+        ).item()
+
+    for l, s in [(1, 3), (0, 7), (5, 2)]:
+        for shift in (1, 10, 300):
+            assert math.isclose(
+                score(l, s), score(l + shift, s + shift), rel_tol=1e-9, abs_tol=1e-9
+            )
+
+
+def test_the_cache_equals_the_angles_computed_at_any_length():
+    rope = Rope(8, method="yarn", factor=2.0, context=16)
+    cache = RopeCache(rope, 16)
+    inside = torch.tensor([[0, 4, 15], [1, 1, 2]])
+    assert same(cache(inside, 16), rope.cos_sin(inside))
+    beyond = torch.arange(40)
+    assert same(cache(beyond, 40), rope.cos_sin(beyond))
+    assert "cos" not in cache.state_dict()  # recomputed, never saved in checkpoints

@@ -25,9 +25,12 @@ def result(position: str, seed: int, **measured) -> RunResult:
     losses = measured.pop("extrapolation")
     rows = []
     for length, loss in zip((32, 64, 128), losses, strict=True):
-        row = {"context_length": length, "trained_context": 32, "loss": loss}
+        row = {"context_length": length, "requested": f"{length // 32}x", "trained_context": 32}
+        row["loss"] = loss
         if loss is None:
             row["note"] = LEARNED_NOTE if position == "learned" else TOO_LONG
+        else:
+            row.update(windows=4096 // length, window=length)
         rows.append(row)
     metrics = [
         {"step": s, "train_loss": 4.0 - s / 10 - seed / 100, "elapsed_s": s * 2.0 + seed}
@@ -113,7 +116,7 @@ def rows(markdown: str, width: int) -> dict[str, list[list[str]]]:
 def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, tmp_path):
     markdown = write_report(results, tmp_path, PROMPT, 12)
     assert markdown == (tmp_path / "report.md").read_text(encoding="utf-8")
-    table = rows(markdown, 12)
+    table, lengths = rows(markdown, 9), rows(markdown, 4)
     assert table["position"] == [
         [
             "position",
@@ -125,10 +128,10 @@ def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, 
             "best val loss",
             "tokens/s",
             "wall time",
-            "val loss @32 (1×)",
-            "val loss @64 (2×)",
-            "val loss @128 (4×)",
         ]
+    ]
+    assert lengths["position"] == [
+        ["position", "val loss @32 (1×)", "val loss @64 (2×)", "val loss @128 (4×)"]
     ]
     # mean ± sample std over the two seeds; equal values stand alone; any missing one: n/a
     assert table["rope"] == [
@@ -142,11 +145,9 @@ def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, 
             "2.0000 ± 0.1414",
             "2,000 ± 1,414",
             "1m 00s",
-            "2.1000 ± 0.1414",
-            "2.5000",
-            "n/a [1]",
         ]
     ]
+    assert lengths["rope"] == [["rope", "2.1000 ± 0.1414", "2.5000", "n/a [1]"]]
     assert table["learned"] == [
         [
             "learned",
@@ -158,11 +159,9 @@ def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, 
             "2.4000",
             "n/a",
             "n/a",
-            "2.5000",
-            "n/a [2]",
-            "n/a [2]",
         ]
     ]
+    assert lengths["learned"] == [["learned", "2.5000", "n/a [2]", "n/a [2]"]]
     # footnotes: numbered in the order they first appear, each given once
     assert f"\n[1] {TOO_LONG}\n" in markdown and f"\n[2] {LEARNED_NOTE}\n" in markdown
     assert markdown.count(LEARNED_NOTE) == 1
@@ -171,6 +170,7 @@ def test_the_table_has_one_row_per_scheme_with_mean_and_std_over_seeds(results, 
     assert f"All 4 runs share one tokenizer (tokenizer.json sha256 `{SHA[:16]}`)" in markdown
     assert "(`0123456789abcdef0123`)" in markdown
     assert "on the first 2 batches of the validation split" in markdown
+    assert "Windows read: 128 at 32, 64 at 64, 32 at 128." in markdown
 
 
 def test_every_run_continues_the_prompt_in_one_escaped_cell(results, tmp_path):
@@ -230,3 +230,48 @@ def test_no_results_is_an_error_and_writes_nothing(tmp_path):
     with pytest.raises(LMError, match="no runs to report on"):
         write_report([], tmp_path / "out", PROMPT, 12)
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluation_time_extensions_are_rows_of_the_length_table_only(results, tmp_path):
+    rope = [r for r in results if r.config.model.position == "rope"]
+    yarn = [
+        dataclasses.replace(
+            r,
+            rope_scaling="yarn:4",
+            extrapolation=[
+                {**row, "loss": None if row["loss"] is None else row["loss"] - 0.25}
+                for row in r.extrapolation
+            ],
+        )
+        for r in rope
+    ]
+    markdown = write_report([*rope, *yarn, *results[2:]], tmp_path, PROMPT, 12)
+    table, lengths = rows(markdown, 9), rows(markdown, 4)
+    assert list(table) == ["position", "rope", "learned"]  # trained runs, each once
+    assert table["rope"][0][1] == "2"
+    assert list(lengths) == ["position", "rope", "rope + yarn:4", "learned"]
+    assert lengths["rope + yarn:4"] == [["rope + yarn:4", "1.8500 ± 0.1414", "2.2500", "n/a [1]"]]
+    assert "4 runs: 2 values of position, 2 seeds each. All 4 runs share" in markdown
+    assert "`rope + yarn:4`: the same trained runs, evaluated with that RoPE" in markdown
+    continuations = rows(markdown, 3)
+    assert [c[:2] for c in continuations["rope + yarn:4"]] == [
+        ["rope + yarn:4", "1"],
+        ["rope + yarn:4", "2"],
+    ]
+    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert [(r["label"], r["rope_scaling"]) for r in data["runs"]][2:4] == [
+        ("rope + yarn:4", "yarn:4"),
+        ("rope + yarn:4", "yarn:4"),
+    ]
+    with Image.open(tmp_path / "loss_vs_context.png") as image:
+        assert min(image.size) > 100
+
+
+def test_one_trained_config_evaluated_with_each_extension_is_compared_by_rope_scaling(results):
+    rope = [r for r in results if r.config.model.position == "rope"]
+    variants = [dataclasses.replace(r, rope_scaling=v) for v in (None, "pi:4") for r in rope]
+    same = [dataclasses.replace(r, config=rope[0].config) for r in variants]
+    markdown, numbers = render(same, PROMPT, 12)
+    assert markdown.startswith("# Runs compared by rope_scaling\n")
+    assert list(rows(markdown, 4)) == ["rope_scaling", "none", "pi:4"]
+    assert numbers["compared"] == "rope_scaling"

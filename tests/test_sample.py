@@ -21,10 +21,16 @@ def run(tmp_path_factory):
     return load_run(root / "run")
 
 
-def random_model(position: str) -> TransformerLM:
+def random_model(position: str, **model) -> TransformerLM:
     torch.manual_seed(3)
     cfg = ModelConfig(
-        vocab_size=30, context_length=12, n_layer=2, n_head=2, d_model=16, position=position
+        vocab_size=30,
+        context_length=12,
+        n_layer=2,
+        n_head=2,
+        d_model=16,
+        position=position,
+        **model,
     )
     model = TransformerLM(cfg).eval()
     with torch.no_grad():  # sharper logits than the 0.02-std init, so greedy has no near-ties
@@ -136,3 +142,29 @@ def test_a_row_that_ends_early_leaves_the_others_decoding():
     assert len(expected) > 16  # the long row outlives the first all-done check
     # Row 0 ends at once; row 1 runs on (past several all-done checks) up to its own end.
     assert generate(model, [short, long], 40, pad_id=0, eod_id=eod) == [[], expected]
+
+
+@pytest.mark.parametrize(
+    "extension",
+    [
+        {"rope_scaling": "pi:4"},
+        {"rope_scaling": "ntk:4"},
+        {"rope_scaling": "yarn:4"},
+        {"rope_scaling": "yarn:2", "rope_fraction": 0.5},
+    ],
+    ids=str,
+)
+def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(extension):
+    from lm.model import KVCache
+
+    model = random_model("rope", **extension)
+    ids = torch.randint(1, 30, (2, 10))
+    cache = KVCache(model, 2, 12)
+    steps = [model(ids[:, :4], cache=cache)] + [
+        model(ids[:, t : t + 1], cache=cache) for t in range(4, 10)
+    ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), atol=1e-5, rtol=1e-4)
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+    alone = [generate(model, [p], 16, pad_id=0)[0] for p in prompts]
+    for use_cache in (True, False):
+        assert generate(model, prompts, 16, pad_id=0, use_cache=use_cache) == alone
