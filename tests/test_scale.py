@@ -3,6 +3,7 @@ that never waits on the device, and faults on one process of many stopping all o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -124,7 +125,7 @@ def test_chunked_loss_equals_the_one_call_loss_without_a_full_fp32_copy():
 def test_a_skipped_step_leaves_parameters_and_optimizer_state_exactly(optimizer):
     torch.manual_seed(0)
     cfg = tiny_config(train={"optimizer": optimizer})
-    model = TransformerLM(cfg.model.__class__(**{**cfg.model.__dict__, "vocab_size": 40}))
+    model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=40))
     opt = build_optimizer(model, cfg.train, torch.device("cpu"))
     ids = torch.randint(0, 40, (2, 16))
 
