@@ -420,6 +420,9 @@ SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": 
 _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
+_OLD_SWITCH_WORDS = {"true": True, "false": False, "auto": None}
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
     """Check ``value`` against the annotation ``hint``; ints are accepted where floats are."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
@@ -438,6 +441,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
         if t is str and isinstance(value, str):
             return value
+    # Configs written before the optional switches (compile, tensorboard) became true | false |
+    # null stored them as the words "true", "false" and "auto"; those runs still load.
+    if bool in options and type(None) in options and value in _OLD_SWITCH_WORDS:
+        return _OLD_SWITCH_WORDS[value]
     wanted = " or ".join(_TYPE_WORDS[t] for t in options if t in _TYPE_WORDS)
     # Every optional key defaults to None, so null and leaving the key out are the same.
     default = " (or leave it out: null)" if type(None) in options else ""

@@ -55,8 +55,8 @@ def test_model_config_works_from_python():
         ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, math"),
         ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
         (
-            "train:\n  compile: auto\n",
-            "train.compile: expected true or false, got 'auto' (or leave it out: null)",
+            "train:\n  compile: sometimes\n",
+            "train.compile: expected true or false, got 'sometimes' (or leave it out: null)",
         ),
         ("train:\n  batch_size: 10\n  grad_accum: 3\n", "train.grad_accum: batch_size=10"),
         ("optim:\n  lr: 1\n", "optim: unknown section"),
@@ -183,3 +183,12 @@ def test_readme_lists_every_config_key(section):
     assert section in listed, f"README.md's Configs section has no list of {section} keys"
     missing = [f.name for f in fields(SECTIONS[section]) if f.name not in listed[section]]
     assert not missing, f"README.md's Configs section does not list {section}: {missing}"
+
+
+def test_runs_written_before_the_switches_became_booleans_still_load(tmp_path):
+    # Older config.yaml files hold compile as the words 'auto', 'true' or 'false'.
+    for word, value in (("auto", None), ("true", True), ("false", False)):
+        cfg = load_config(
+            write(tmp_path, f"train:\n  compile: '{word}'\n  tensorboard: '{word}'\n")
+        )
+        assert cfg.train.compile is value and cfg.train.tensorboard is value
