@@ -62,7 +62,7 @@ ROPE_SCALING_HELP = (
 )
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -128,11 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="text to continue; repeat for a batch; '-' reads standard input",
     )
-    s.add_argument("--max-new-tokens", type=_positive_int, default=200)
+    s.add_argument("--max-new-tokens", type=positive_int, default=200)
     s.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"
     )
-    s.add_argument("--top-k", type=_positive_int, default=None)
+    s.add_argument("--top-k", type=positive_int, default=None)
     s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
@@ -149,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     e.add_argument("--checkpoint")
-    e.add_argument("--batch-size", type=_positive_int)
-    e.add_argument("--max-batches", type=_positive_int, help="evaluate only this many batches")
+    e.add_argument("--batch-size", type=positive_int)
+    e.add_argument("--max-batches", type=positive_int, help="evaluate only this many batches")
     e.add_argument("--device", default="auto")
 
     c = sub.add_parser(
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
     c.add_argument("--prompt", help="text every run continues (default: 'The for statement')")
-    c.add_argument("--max-new-tokens", type=_positive_int, default=80)
+    c.add_argument("--max-new-tokens", type=positive_int, default=80)
     c.add_argument(
         "--eval-lengths",
         type=_lengths,
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     c.add_argument(
         "--eval-batches",
-        type=_positive_int,
+        type=positive_int,
         help="batches per context length (default: the whole validation split)",
     )
     c.add_argument("--device", default="auto", help="device of the report's evaluation")
@@ -215,10 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run_dir", nargs="?", help="a trained run (default: draw the sinusoid table instead)"
     )
-    p.add_argument("--d", type=_positive_int, help="sinusoid table width (default 4)")
-    p.add_argument("--length", type=_positive_int, help="sinusoid table positions (default 16)")
+    p.add_argument("--d", type=positive_int, help="sinusoid table width (default 4)")
+    p.add_argument("--length", type=positive_int, help="sinusoid table positions (default 16)")
     p.add_argument(
-        "--windows", type=_positive_int, default=16, help="validation windows to average over"
+        "--windows", type=positive_int, default=16, help="validation windows to average over"
     )
     p.add_argument(
         "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
     x.add_argument(
         "--max-positions",
-        type=_positive_int,
+        type=positive_int,
         help="longest sequence the export accepts (default: max(context_length, 2048); a "
         "learned table has exactly context_length)",
     )

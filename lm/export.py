@@ -13,10 +13,12 @@ The folder is written beside OUT and renamed into place, so it is whole or absen
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,13 +66,28 @@ def check_output(out: Path, overwrite: bool) -> None:
         raise LMError(f"{out}: already exists; pass --overwrite to replace it")
 
 
-def replace_folder(tmp: Path, out: Path) -> None:
-    """Put ``tmp`` where ``out`` is: the old folder goes only once the new one is whole."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+@contextlib.contextmanager
+def built_folder(out: Path, what: str) -> Iterator[Path]:
+    """A temporary folder beside ``out`` to write ``what`` into; it takes ``out``'s place only
+    once the block has finished (the old folder goes last). On failure nothing of it stays, and
+    an OS error (disk full, no permission) is one line naming ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            os.rename(out, old)
+        os.rename(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise LMError(f"{out}: could not write the {what} ({e.strerror or e})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def max_positions_for(cfg: ModelConfig, requested: int | None) -> int:
@@ -119,23 +136,12 @@ def export_run(
     tok = run.tokenizer
     hf = to_hf(cfg, run.model.state_dict(), positions, {"pad": tok.pad_id, "eos": tok.eod_id})
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with built_folder(out, "export") as tmp:
         _write_model(tmp, hf, DTYPES[dtype])
         _write_tokenizer(tmp, tok, positions)
         shutil.copyfile(run_dir / CONFIG, tmp / LM_CONFIG)
         card = model_card(run_dir, out, run, hf, dtype, positions)
         (tmp / "README.md").write_text(card, encoding="utf-8")
-        replace_folder(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise LMError(f"{out}: could not write the export ({e.strerror or e})") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return Exported(out, hf.model_type, run.step, positions)
 
 

@@ -9,8 +9,6 @@ one line naming the first mismatch (lm.hf). An ``lm export`` folder comes back b
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from lm.config import (
     read_yaml,
     save_config,
 )
-from lm.export import LM_CONFIG, check_output, replace_folder, require_transformers
+from lm.export import LM_CONFIG, built_folder, check_output, require_transformers
 from lm.hf import from_hf, model_shape
 from lm.model import TransformerLM
 from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, provenance
@@ -61,24 +59,13 @@ def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False
     model = TransformerLM(cfg.model)
     model.load_state_dict(state, strict=True)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     source = {"imported_from": str(hf_dir.resolve()), "model_type": config.model_type}
-    try:
+    with built_folder(out, "run") as tmp:
         save_config(cfg, tmp / CONFIG)
         tokenizer.save(tmp / TOKENIZER)
         record = {**source, **provenance()}
         (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         save_checkpoint(tmp, 0, model, None, {"val_loss": None, **source}, keep=1)
-        replace_folder(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise LMError(f"{out}: could not write the run ({e.strerror or e})") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from lm.batches import TrainBatches
+from lm.cli import positive_int
 from lm.config import DataConfig, ModelConfig, TrainConfig
 from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World
@@ -324,24 +325,14 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--steps", type=_positive_int, default=10, help="timed steps per row")
+    parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
-        "--batch", type=_positive_int, help="sequences per step (default: each shape's own)"
+        "--batch", type=positive_int, help="sequences per step (default: each shape's own)"
     )
     parser.add_argument("--compile", action="store_true", help="also torch.compile each shape")
     parser.add_argument(
@@ -349,7 +340,7 @@ def main() -> int:
     )
     parser.add_argument("--decode", action="store_true", help="also time decoding")
     parser.add_argument(
-        "--decode-tokens", type=_positive_int, default=512, help="new tokens per decoding"
+        "--decode-tokens", type=positive_int, default=512, help="new tokens per decoding"
     )
     parser.add_argument("--tokenize", action="store_true", help="also time BPE tokenizing")
     parser.add_argument("--device", default="auto")
