@@ -8,9 +8,19 @@ Rows are queries, columns are keys. Masks come in two spellings, both broadcasta
 mask) or booleans (True = may attend). A query row whose every key is blocked (left padding makes
 such rows) gets all-zero weights and a zero output, never NaN.
 
-``MultiHeadAttention`` has a fused path (``torch.nn.functional.scaled_dot_product_attention``,
-the default, fast) and this module's explicit ``attention`` (``kernel="math"``); tests hold the
-two equal to float tolerance, masks included.
+``MultiHeadAttention`` has three kernels, held equal to float tolerance by the tests, masks
+included:
+
+- ``sdpa`` (default): ``torch.nn.functional.scaled_dot_product_attention``. Plain causal
+  attention takes its mask-free causal path (flash on GPUs). Document masks, padding and ALiBi
+  need a mask: in a model compiled for a GPU they go through FlexAttention (``flex``, below),
+  whose kernels skip wholly blocked blocks; otherwise one ``[B, 1|H, T, T]`` mask is built per
+  forward pass and shared by every layer.
+- ``flex``: ``torch.nn.attention.flex_attention`` for every self-attention pass without a KV
+  cache, masks and the ALiBi bias given as functions of (batch, head, query, key), so no
+  ``T x T`` tensor exists. Run eagerly, the attention call alone is compiled. On CPU, PyTorch's
+  FlexAttention has no backward pass: training there uses SDPA's masks.
+- ``math``: this module's explicit ``attention``, the notes' formula; it also returns ``A``.
 """
 
 from __future__ import annotations
@@ -22,6 +32,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.position import Rope, alibi_bias, alibi_slopes, rotate_pairs
+
+try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - the pinned PyTorch has it
+    create_block_mask = flex_attention = None
+
+FLEX_AVAILABLE = flex_attention is not None
 
 
 def causal_mask(L: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -123,8 +140,10 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
-        if kernel not in ("sdpa", "math"):
-            raise ValueError(f"kernel must be sdpa or math, got {kernel!r}")
+        if kernel not in ("sdpa", "flex", "math"):
+            raise ValueError(f"kernel must be sdpa, flex or math, got {kernel!r}")
+        if kernel == "flex" and not FLEX_AVAILABLE:
+            raise ValueError(f"kernel flex needs PyTorch 2.5 or later, not {torch.__version__}")
         self.d_model, self.n_head, self.head_dim = d_model, n_head, d_model // n_head
         self.position, self.kernel, self.dropout = position, kernel, dropout
         self.rope = (rope or Rope(self.head_dim)) if position == "rope" else None
@@ -145,6 +164,7 @@ class MultiHeadAttention(nn.Module):
         positions: torch.Tensor | None = None,
         key_positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        segments: torch.Tensor | None = None,
         rope_angles: tuple[torch.Tensor, torch.Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
@@ -156,12 +176,15 @@ class MultiHeadAttention(nn.Module):
         left out, the cache's filled slots); ``causal`` blocks keys in later slots (with a cache,
         the new queries follow the cached slots). ``positions``/``key_positions`` (``[L]`` or
         ``[B, L]``) place queries and keys for rope/alibi, default ``0..L-1``; ``rope_angles``
-        may carry precomputed ``(cos, sin)`` for both. ``mask`` is any further boolean mask,
-        broadcastable to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers of one forward pass
-        share (they must have the same inputs but for ``x``): the first stores the masks and score
-        bias it builds, the others reuse them. Returns ``(y [B, Lq, d], weights [B, H, Lq, Lc] or
-        None)``.
+        may carry precomputed ``(cos, sin)`` for both. ``segments [B, L]`` (self-attention) gives
+        each token's document: a query reads keys of its own document only. ``mask`` is any
+        further boolean mask, broadcastable to ``[B, H, Lq, Lc]``. ``shared`` is a dict the layers
+        of one forward pass share (they must have the same inputs but for ``x``): the first stores
+        the masks and score bias it builds, the others reuse them. Returns ``(y [B, Lq, d],
+        weights [B, H, Lq, Lc] or None)``.
         """
+        if segments is not None and (context is not None or cache is not None):
+            raise ValueError("segments are for self-attention without a KV cache")
         q, k, v = self._project(x, context)  # (B, H, Lq, d_k), (B, H, Lc, d_k), (B, H, Lc, d_k)
 
         # Place: new keys sit where their tokens sit, with the queries or at 0..Lc-1 in a context.
@@ -188,23 +211,101 @@ class MultiHeadAttention(nn.Module):
             # One new query: the filled-slot mask already hides every later slot.
             causal, causal_from = causal and q.shape[2] > 1, past
 
-        # Mask: which keys each query may read, then the score bias (ALiBi). Every layer of one
-        # forward pass has the same ones: the first layer builds them, the others reuse them.
         explicit = self.kernel == "math" or need_weights
+        if self._flex_ready(q, context, cache, mask, explicit, (key_mask, segments)):
+            y, weights = self._flex(q, k, v, key_mask, segments, causal, positions, shared), None
+        else:
+            which = (mask, key_mask, segments, causal)
+            where = (positions, key_positions, causal_from)
+            y, weights = self._tensor_masked(q, k, v, which, where, explicit, shared)
+        y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
+        return self.out(y), weights
+
+    def _tensor_masked(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        which: tuple,
+        where: tuple[torch.Tensor, torch.Tensor, int | None],
+        explicit: bool,
+        shared: dict | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """SDPA or the explicit formula, masks as tensors. ``which`` is ``(mask, key_mask,
+        segments, causal)``. Every layer of one forward pass has the same masks and ALiBi bias:
+        the first layer builds them, the others reuse them."""
+        mask, key_mask, segments, causal = which
         masks = shared.get("masks") if shared is not None else None
         if masks is None:
-            where = (positions, key_positions, causal_from)
+            if segments is not None:  # (B, 1, L, L): True where query and key share a document
+                mask = _and(mask, (segments[:, :, None] == segments[:, None, :])[:, None])
             masks = self._masks(q, k, mask, key_mask, causal, where, explicit)
             if shared is not None:
                 shared["masks"] = masks
         allowed, empty, kernel_causal = masks
-
         y, weights = self._attend(q, k, v, allowed, kernel_causal, explicit)  # (B, H, Lq, d_k)
         if empty is not None:  # a query with no key to read gets a zero output, never NaN
             y = y.masked_fill(empty, 0.0)
             weights = None if weights is None else weights.masked_fill(empty, 0.0)
-        y = y.transpose(1, 2).flatten(2)  # (B, Lq, d): heads concatenated
-        return self.out(y), weights
+        return y, weights
+
+    def _flex_ready(
+        self,
+        q: torch.Tensor,
+        context: torch.Tensor | None,
+        cache: LayerKVCache | None,
+        mask: torch.Tensor | None,
+        explicit: bool,
+        masked_by: tuple,
+    ) -> bool:
+        """Whether this pass goes through FlexAttention: self-attention without a cache, a
+        further mask tensor or attention dropout (flex has none), and not needing gradients on
+        CPU, where FlexAttention has no backward pass; with ``kernel="sdpa"``, only
+        under ``torch.compile`` and only when there is a mask or a bias to apply."""
+        if self.kernel == "math" or explicit or not FLEX_AVAILABLE:
+            return False
+        if context is not None or cache is not None or mask is not None:
+            return False
+        if self.training and self.dropout > 0:
+            return False
+        if not _flex_backward(q) and torch.is_grad_enabled():
+            return False  # PyTorch's FlexAttention has no backward pass on CPU
+        if self.kernel == "flex":
+            return True
+        # sdpa picks flex inside a compiled CUDA graph only: on CPU, FlexAttention measured no
+        # faster than SDPA with a mask (README, "Masked attention") and has no backward pass.
+        needs_mask = self.position == "alibi" or any(t is not None for t in masked_by)
+        return needs_mask and q.device.type == "cuda" and torch.compiler.is_compiling()
+
+    def _flex(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        segments: torch.Tensor | None,
+        causal: bool,
+        positions: torch.Tensor,
+        shared: dict | None,
+    ) -> torch.Tensor:
+        """``softmax(S + M) V`` by FlexAttention: M as a block mask (blocks wholly blocked are
+        skipped) and ALiBi as a score function; nothing ``T x T`` is built. The block mask is
+        made once per forward pass and shared by the layers."""
+        parts = shared.get("flex") if shared is not None else None
+        if parts is None:
+            parts = _flex_parts(q, key_mask, segments, causal, positions, self.position == "alibi")
+            if shared is not None:
+                shared["flex"] = parts
+        block_mask, distance = parts
+        score_mod = None
+        if distance is not None:
+            slopes = self.slopes.to(q.dtype)
+
+            def score_mod(score, b, h, qi, ki):  # ALiBi: - m_h |pos_q - pos_k|
+                return score - slopes[h] * distance(b, qi, ki)
+
+        attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+        return attend(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
     def _masks(
         self,
@@ -304,3 +405,56 @@ def _float_mask(
     blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     blocked = blocked.masked_fill(~allowed, float("-inf"))
     return blocked if bias is None else blocked + bias
+
+
+def _flex_parts(
+    q: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    segments: torch.Tensor | None,
+    causal: bool,
+    positions: torch.Tensor,
+    alibi: bool,
+) -> tuple:
+    """FlexAttention's block mask for these masks (None: every key allowed) and, for ALiBi, the
+    distance ``|pos_q - pos_k|`` as a function of ``(batch, query, key)``."""
+    B, L = q.shape[0], q.shape[2]
+
+    def allowed(b, h, qi, ki):  # True where query qi may read key ki
+        ok = qi >= ki if causal else qi == qi
+        if segments is not None:
+            ok = ok & (segments[b, qi] == segments[b, ki])
+        if key_mask is not None:
+            ok = ok & key_mask[b, ki]
+        return ok
+
+    block_mask = None
+    if causal or segments is not None or key_mask is not None:
+        per_row = segments is not None or key_mask is not None
+        block_mask = create_block_mask(allowed, B if per_row else None, None, L, L, q.device)
+    distance = None
+    if alibi:
+        pos = positions if positions.dim() == 2 else positions[None].expand(B, -1)  # (B, L)
+
+        def distance(b, qi, ki):
+            return (pos[b, qi] - pos[b, ki]).abs()
+
+    return block_mask, distance
+
+
+def _flex_backward(q: torch.Tensor) -> bool:
+    """Whether FlexAttention can run backward on this tensor's device (not on CPU)."""
+    return q.device.type != "cpu"
+
+
+_COMPILED_FLEX = None
+
+
+def _compiled_flex():
+    """``flex_attention`` compiled on its own, for a model that is not: PyTorch's eager
+    FlexAttention is a reference that builds every score, slower than SDPA with a mask. Shapes
+    are static (one compilation per length): Inductor's CPU code for dynamic shapes fails to
+    build in PyTorch 2.13."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX

@@ -35,7 +35,7 @@ class DataError(LMError):
 
 
 POSITIONS = ("rope", "sinusoidal", "learned", "alibi", "none")
-ATTENTION_KERNELS = ("sdpa", "math")
+ATTENTION_KERNELS = ("sdpa", "flex", "math")
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
@@ -107,7 +107,8 @@ class ModelConfig:
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
-    """Attention kernel: sdpa (fused, fast) | math (the notes' explicit softmax)."""
+    """Attention kernel: sdpa (fused; masks and ALiBi via FlexAttention when compiled) | flex
+    (FlexAttention always) | math (the notes' explicit softmax). See lm/attention.py."""
     bias: bool = False
     """Biases in linear layers and norms (the notes omit them)."""
     tie_embeddings: bool = True
@@ -123,6 +124,11 @@ class ModelConfig:
         _choice(s, "attention", self.attention, ATTENTION_KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+        if self.attention == "flex" and self.dropout:
+            raise ConfigError(
+                "model.attention: flex has no dropout on attention weights; use sdpa, or "
+                "model.dropout: 0"
+            )
         if self.d_model % self.n_head:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"

@@ -241,8 +241,8 @@ class TransformerLM(nn.Module):
         x = self._embed(input_ids, positions, past + T)  # (B, T, d)
         attn = {"positions": positions, "key_mask": key_mask, "key_positions": key_positions}
         attn["shared"] = {}  # masks and ALiBi bias: built by the first layer, reused by the rest
-        if segment_ids is not None:  # attention stays inside each document: (B, 1, T, T)
-            attn["mask"] = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+        if segment_ids is not None:  # attention stays inside each document
+            attn["segments"] = segment_ids
         if self.config.position == "rope":  # cos and sin looked up once, for every layer
             attn["rope_angles"] = self.rope(positions, past + T)
         layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)

@@ -246,6 +246,11 @@ def _build(run: _Run) -> _Net:
             f"{data.train.n_tokens:,} training tokens"
             + (f", {batches.padding_fraction:.1%} padding" if padded else "")
         )
+    if run.config.model.attention == "flex" and device.type == "cpu":
+        run.log(
+            "lm: note: model.attention: flex has no backward pass on CPU in this PyTorch, so "
+            "training steps use sdpa's masks; evaluation uses flex"
+        )
     return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches)
 
 

@@ -28,6 +28,8 @@
 #   gpt2-check   the run's metrics hold a validation loss at step 3 and its checkpoint is whole.
 #   gpt2-eval    `lm eval` on that run (the default evaluation batch), 4 batches.
 #   gpt2-sample  `lm sample` from that run's checkpoint.
+#   kernels      scripts/attention_kernels.py: document masks and ALiBi, SDPA with a mask tensor
+#                against FlexAttention, forward and backward.
 #   decode       scripts/bench.py --decode: greedy decoding tokens/s, KV cache and recompute.
 #
 # Results go to $OUT (default: a new temporary folder): gpu_check.log (every step's output),
@@ -281,6 +283,10 @@ if passed gpt2-train; then
 else
     for name in gpt2-check gpt2-eval gpt2-sample; do skip_step "$name" "gpt2-train failed"; done
 fi
+
+KERNEL_ARGS=(--rounds 3)
+if [ "$DRY_RUN" = 1 ]; then KERNEL_ARGS=(--rounds 1 --calls 1); fi
+run_step kernels 60 "$PY" scripts/attention_kernels.py --device "$DEVICE" "${KERNEL_ARGS[@]}"
 
 run_step decode 90 "$PY" scripts/bench.py --device "$DEVICE" --no-train --decode \
     --decode-tokens "$DECODE_TOKENS" --out "$OUT/decode.json"

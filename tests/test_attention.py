@@ -176,3 +176,51 @@ def test_padded_keys_do_not_change_real_outputs():
     key_mask = torch.tensor([[True] * 4 + [False] * 3])
     out = mha(padded, key_mask=key_mask, causal=True)[0]
     torch.testing.assert_close(out[:, :4], ref)
+
+
+def _documents_and_padding(B: int, L: int) -> dict:
+    """Two documents per row and left padding in row 0: each kind of mask flex must express."""
+    segments = torch.zeros(B, L, dtype=torch.long)
+    segments[:, L // 2 :] = 1
+    key_mask = torch.ones(B, L, dtype=torch.bool)
+    key_mask[0, :3] = False  # rows 0-2 of sequence 0 read no real key
+    return {"segments": segments, "key_mask": key_mask}
+
+
+@pytest.mark.parametrize("position", ["none", "rope", "alibi"])
+def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(position):
+    # FlexAttention gets masks and the ALiBi bias as functions of (batch, head, query, key), not
+    # as tensors; no grad: on CPU PyTorch's flex runs forward only.
+    torch.manual_seed(2)
+    flex = MultiHeadAttention(32, 2, position=position, kernel="flex").float().eval()
+    explicit = MultiHeadAttention(32, 2, position=position, kernel="math").float().eval()
+    explicit.load_state_dict(flex.state_dict())
+    x = torch.randn(2, 9, 32, dtype=torch.float32)
+    with torch.no_grad():
+        for masks in ({}, _documents_and_padding(2, 9)):
+            a = flex(x, causal=True, **masks)[0]
+            b = explicit(x, causal=True, **masks)[0]
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert (a[0, :3] == 0).all()  # queries with no real key: a zero output (no bias), not NaN
+
+
+def test_flex_trains_on_cpu_through_sdpa_masks_and_equals_them():
+    # PyTorch has no FlexAttention backward on CPU: with gradients on, the flex kernel falls back
+    # to SDPA's masks, so a training step runs and matches the sdpa kernel exactly.
+    torch.manual_seed(3)
+    flex = MultiHeadAttention(32, 2, position="alibi", kernel="flex").float()
+    sdpa = MultiHeadAttention(32, 2, position="alibi", kernel="sdpa").float()
+    sdpa.load_state_dict(flex.state_dict())
+    x = torch.randn(2, 9, 32, dtype=torch.float32)
+    masks = _documents_and_padding(2, 9)
+    a, b = flex(x, causal=True, **masks)[0], sdpa(x, causal=True, **masks)[0]
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    a.sum().backward()
+    assert flex.qkv.weight.grad is not None
+
+
+def test_segments_are_refused_with_a_cache_or_a_context():
+    mha = MultiHeadAttention(8, 2)
+    x, segments = torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="segments are for self-attention"):
+        mha(x, context=torch.randn(1, 3, 8), segments=segments)

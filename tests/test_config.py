@@ -52,7 +52,11 @@ def test_model_config_works_from_python():
         ),
         ("model:\n  n_layer: 0\n", "model.n_layer: must be > 0, got 0"),
         ("model:\n  position: xpos\n", "model.position: 'xpos' is not one of rope, sinusoidal"),
-        ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, math"),
+        ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, flex, math"),
+        (
+            "model:\n  attention: flex\n  dropout: 0.1\n",
+            "model.attention: flex has no dropout on attention weights",
+        ),
         ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
         (
             "train:\n  compile: sometimes\n",

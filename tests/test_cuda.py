@@ -156,6 +156,33 @@ def test_compiled_model_matches_eager_loss_and_gradients():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradients(
+    position, monkeypatch
+):
+    # Compiled for a GPU, the sdpa kernel sends document masks and ALiBi to FlexAttention (no
+    # T x T mask tensor); loss and gradients equal the eager model's SDPA-with-a-mask.
+    import lm.attention as attention
+
+    cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
+    torch.manual_seed(0)
+    eager = TransformerLM(cfg).to(CUDA)
+    twin = TransformerLM(cfg).to(CUDA)
+    twin.load_state_dict(eager.state_dict())
+    L = cfg.context_length
+    ids = torch.randint(0, cfg.vocab_size, (3, L + 1), device=CUDA)
+    segments = (torch.arange(L, device=CUDA) >= L // 3).long().expand(3, -1).contiguous()
+    losses = [loss_sum(eager(ids[:, :-1], segment_ids=segments), ids[:, 1:])]
+    monkeypatch.setattr(attention, "_allowed", None)  # a T x T mask tensor would fail here
+    compiled = compile_model(twin, CUDA)
+    losses.append(loss_sum(compiled(ids[:, :-1], segment_ids=segments), ids[:, 1:]))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)
+    for x in losses:
+        x.backward()
+    for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize(("dtype", "compile_"), [("bf16", None), ("fp32", False)])
 def test_training_on_cuda_evaluates_checkpoints_and_the_loss_falls(tmp_path, dtype, compile_):
     # compile left out (None) is what a GPU user gets: torch.compile on CUDA.

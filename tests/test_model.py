@@ -145,6 +145,29 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_path(
+    position, monkeypatch
+):
+    import lm.attention as attention
+
+    flex = tiny(position, n_layer=3, attention="flex")
+    explicit = tiny(position, n_layer=3, attention="math")
+    ids = torch.randint(1, 37, (2, 10))
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, :3] = False  # left padding
+    segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
+    built, real_parts = [], attention._flex_parts
+    monkeypatch.setattr(attention, "_flex_parts", lambda *a: built.append(1) or real_parts(*a))
+    monkeypatch.setattr(attention, "_allowed", None)  # no T x T mask tensor may be made
+    with torch.no_grad():
+        a = flex(ids, key_mask=key_mask, segment_ids=segments)
+        assert len(built) == 1  # shared by the three layers
+        monkeypatch.undo()
+        b = explicit(ids, key_mask=key_mask, segment_ids=segments)
+    torch.testing.assert_close(a[key_mask], b[key_mask], atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize(
     "setting",
     [
