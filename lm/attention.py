@@ -260,7 +260,7 @@ class MultiHeadAttention(nn.Module):
     ) -> bool:
         """Whether this pass goes through FlexAttention: self-attention without a cache, a
         further mask tensor or attention dropout (flex has none), and not needing gradients on
-        CPU, where FlexAttention has no backward pass; with ``kernel="sdpa"``, only
+        CPU, where FlexAttention has no backward pass; with ``kernel="sdpa"``, only on a GPU
         under ``torch.compile`` and only when there is a mask or a bias to apply."""
         if self.kernel == "math" or explicit or not FLEX_AVAILABLE:
             return False

@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=positive_int, default=None)
     s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the one-token decoding step (torch.compile: seconds to start, then faster)",
+    )
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     s.add_argument("--device", default="auto")
 
@@ -329,6 +334,9 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                 "greedy decoding ignores them",
                 file=sys.stderr,
             )
+    if args.compile and args.no_kv_cache:
+        note = "lm: note: --compile compiles the KV-cache step; --no-kv-cache has none"
+        print(note, file=sys.stderr)
     encoded = []
     for text in texts:
         unknown = tok.count_unknown(text)
@@ -350,6 +358,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.seed,
         use_cache=not args.no_kv_cache,
+        compile_step=args.compile,
     )
     outputs = [text + tok.decode(ids) for text, ids in zip(texts, new, strict=True)]
     sys.stdout.write("\n\n".join(outputs) + "\n")

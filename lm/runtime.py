@@ -81,22 +81,30 @@ def compile_enabled(setting: bool | None, device: torch.device) -> bool:
     return setting if setting is not None else device.type == "cuda"
 
 
-def compile_model(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def compile_model(
+    model: torch.nn.Module,
+    device: torch.device,
+    *,
+    fullgraph: bool = False,
+    setting: str = "train.compile",
+) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
     from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps
     (README: scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and
     needs a C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto)
-    stays eager there.
+    stays eager there. ``fullgraph`` makes a graph break an error; ``setting`` is what the error
+    without a compiler names.
     """
     if device.type != "cpu":
-        return torch.compile(model)
+        return torch.compile(model, fullgraph=fullgraph)
     compilers = [os.environ.get("CXX") or "g++", "clang++"]
     if not any(shutil.which(c) for c in compilers):
+        off = "set CXX, or train.compile: false" if setting == "train.compile" else "set CXX"
         raise ConfigError(
-            f"train.compile: compiling on CPU needs a C++ compiler and none of "
-            f"{', '.join(compilers)} is on PATH (set CXX, or train.compile: false)"
+            f"{setting}: compiling on CPU needs a C++ compiler and none of "
+            f"{', '.join(compilers)} is on PATH ({off})"
         )
-    return torch.compile(model, options={"cpp_wrapper": True})
+    return torch.compile(model, fullgraph=fullgraph, options={"cpp_wrapper": True})
 
 
 # On an AVX-512-BF16/AMX CPU bf16 autocast loses to fp32 at width 128 and wins from width 384 on

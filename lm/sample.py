@@ -13,6 +13,10 @@ every row has ended only every ``DONE_CHECK_EVERY`` tokens). With a seed, each p
 its own generator seeded from the seed and the prompt's tokens, so a prompt's continuation is
 the same alone, anywhere in a batch, and whatever its neighbours; identical prompts in one
 batch therefore sample identically.
+
+The one-token step has fixed shapes whatever the step (the cache's slots are preallocated and
+written at a device-side index), so ``compile_step`` compiles it as one graph: no graph break,
+and at most one recompilation as the cache fills (``tests/test_sample.py`` counts them).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import hashlib
 import torch
 
 from lm.model import KVCache, TransformerLM
+from lm.runtime import compile_model
 
 DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"
 
@@ -80,8 +85,10 @@ def generate(
     top_k: int | None = None,
     seed: int | None = None,
     use_cache: bool = True,
+    compile_step: bool = False,
 ) -> list[list[int]]:
-    """The new token ids for each prompt (stopping early at ``eod_id``, which is not returned)."""
+    """The new token ids for each prompt (stopping early at ``eod_id``, which is not returned).
+    ``compile_step`` runs the one-token KV-cache step through ``torch.compile`` (whole graph)."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     model.eval()
@@ -97,6 +104,9 @@ def generate(
     generators = None if seed is None else prompt_generators(prompts, seed, device)
     autocast = _autocast(device)
     cache_dtype = torch.bfloat16 if isinstance(autocast, torch.autocast) else None
+    step_model = model
+    if compile_step and use_cache:
+        step_model = compile_model(model, device, fullgraph=True, setting="--compile")
 
     done = torch.zeros(B, dtype=torch.bool, device=device)
     cache: KVCache | None = None
@@ -109,7 +119,7 @@ def generate(
                     cache = KVCache(model, B, min(C, S + max_new_tokens), cache_dtype)
                     logits = model(ids[:, :end], key_mask=mask[:, :end], cache=cache)
                 else:  # one new token: fixed shapes, whatever the step
-                    logits = model(
+                    logits = step_model(
                         ids[:, end - 1 : end], key_mask=mask[:, end - 1 : end], cache=cache
                     )
             else:  # beyond the context (or no cache): recompute over the last C slots

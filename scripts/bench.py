@@ -5,6 +5,7 @@
     python scripts/bench.py --shapes gpt2-small --dtypes bf16 --compile --batch 16  # on a GPU
     python scripts/bench.py --decode              # KV cache against recomputing, 512 tokens
     python scripts/bench.py --no-train --decode   # decoding alone
+    python scripts/bench.py --no-train --decode --compile  # and its one-token step compiled
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
 
@@ -259,19 +260,28 @@ def bench_training(
     return row
 
 
-def bench_decode(device: torch.device, new_tokens: int = 512, reps: int = 3) -> dict:
-    """Greedy decoding of a short prompt, with the KV cache and recomputing (6/6/384, ctx 1024)."""
+def bench_decode(
+    device: torch.device, new_tokens: int = 512, reps: int = 3, compile_step: bool = False
+) -> dict:
+    """Greedy decoding of a short prompt, with the KV cache and recomputing (6/6/384, ctx 1024);
+    with ``compile_step``, also with the one-token cache step compiled (compiling untimed)."""
     cfg = ModelConfig(vocab_size=65, n_layer=6, n_head=6, d_model=384, context_length=1024)
     torch.manual_seed(0)
     model = TransformerLM(cfg).to(device).eval()
     prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
     generate(model, prompt, 8, pad_id=0)  # warm-up: a GPU's first kernels load and autotune
     result = {"new_tokens": new_tokens}
-    for name, cache in (("kv_cache", True), ("recompute", False)):
+    variants = [("kv_cache", True, False), ("recompute", False, False)]
+    if compile_step:
+        generate(model, prompt, 8, pad_id=0, compile_step=True)  # compiles, untimed
+        variants.append(("kv_cache_compiled", True, True))
+    for name, cache, compiled in variants:
         times = []
         for _ in range(reps):
             t = time.perf_counter()
-            out = generate(model, prompt, new_tokens, pad_id=0, use_cache=cache)
+            out = generate(
+                model, prompt, new_tokens, pad_id=0, use_cache=cache, compile_step=compiled
+            )
             times.append(time.perf_counter() - t)
         assert len(out[0]) == new_tokens
         result[f"{name}_tokens_per_s"] = round(new_tokens / statistics.median(times), 1)
@@ -334,7 +344,11 @@ def main() -> int:
     parser.add_argument(
         "--batch", type=positive_int, help="sequences per step (default: each shape's own)"
     )
-    parser.add_argument("--compile", action="store_true", help="also torch.compile each shape")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also torch.compile each shape (and, with --decode, the one-token decoding step)",
+    )
     parser.add_argument(
         "--no-train", dest="train", action="store_false", help="no training rows (with --decode)"
     )
@@ -392,12 +406,14 @@ def main() -> int:
     for dtype, (_, source) in peaks.items():
         print(f"MFU peak, {dtype}: {source}")
     if args.decode:
-        report["decode"] = bench_decode(device, args.decode_tokens)
+        report["decode"] = bench_decode(device, args.decode_tokens, compile_step=args.compile)
         d = report["decode"]
+        compiled = d.get("kv_cache_compiled_tokens_per_s")
         print(
             f"\ndecoding {d['new_tokens']} tokens (6/6/384, ctx 1024): KV cache "
             f"{d['kv_cache_tokens_per_s']} tokens/s, recompute {d['recompute_tokens_per_s']} "
             f"tokens/s, {d['speedup']:.1f}x"
+            + ("" if compiled is None else f"; KV cache step compiled {compiled} tokens/s")
         )
     if args.tokenize:
         report["tokenize"] = t = bench_tokenize()

@@ -30,7 +30,8 @@
 #   gpt2-sample  `lm sample` from that run's checkpoint.
 #   kernels      scripts/attention_kernels.py: document masks and ALiBi, SDPA with a mask tensor
 #                against FlexAttention, forward and backward.
-#   decode       scripts/bench.py --decode: greedy decoding tokens/s, KV cache and recompute.
+#   decode       scripts/bench.py --decode --compile: greedy decoding tokens/s, KV cache
+#                (eager and its one-token step compiled) and recomputing.
 #
 # Results go to $OUT (default: a new temporary folder): gpu_check.log (every step's output),
 # summary.txt, bench.json, decode.json and the GPT-2 run's config, metrics and eval.json; the
@@ -288,7 +289,7 @@ KERNEL_ARGS=(--rounds 3)
 if [ "$DRY_RUN" = 1 ]; then KERNEL_ARGS=(--rounds 1 --calls 1); fi
 run_step kernels 60 "$PY" scripts/attention_kernels.py --device "$DEVICE" "${KERNEL_ARGS[@]}"
 
-run_step decode 90 "$PY" scripts/bench.py --device "$DEVICE" --no-train --decode \
+run_step decode 90 "$PY" scripts/bench.py --device "$DEVICE" --no-train --decode --compile \
     --decode-tokens "$DECODE_TOKENS" --out "$OUT/decode.json"
 
 # --- summary ----------------------------------------------------------------------------------
@@ -317,7 +318,8 @@ d = (load("decode.json") or {}).get("decode")
 if d:
     print(
         f"decode {d['new_tokens']} tokens (6/6/384): KV cache {d['kv_cache_tokens_per_s']} "
-        f"tokens/s, recompute {d['recompute_tokens_per_s']} tokens/s"
+        f"tokens/s, compiled {d.get('kv_cache_compiled_tokens_per_s')} tokens/s, recompute "
+        f"{d['recompute_tokens_per_s']} tokens/s"
     )
 metrics = out / "gpt2-metrics.jsonl"
 if metrics.is_file():

@@ -140,6 +140,15 @@ def test_kv_cache_decoding_equals_recomputation(position):
     assert cached == [generate(model, [p], 20, pad_id=0)[0] for p in prompts]
 
 
+def test_compiled_decoding_step_gives_the_eager_tokens():
+    cfg = dataclasses.replace(tiny_config().model, vocab_size=40)
+    torch.manual_seed(0)
+    model = TransformerLM(cfg).to(CUDA).eval()
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    eager = generate(model, prompts, 20, pad_id=0)
+    assert generate(model, prompts, 20, pad_id=0, compile_step=True) == eager
+
+
 def test_compiled_model_matches_eager_loss_and_gradients():
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40)
     torch.manual_seed(0)

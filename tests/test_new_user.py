@@ -260,6 +260,9 @@ def test_settings_that_do_not_apply_get_a_note(run, tmp_path, capsys):
     assert "lm: note: --top-k" in err and err.count("\n") == 1, err
     assert main([*argv, "--temperature", "1", "--seed", "0"]) == 0
     assert "note" not in capsys.readouterr().err
+    assert main([*_commands(run)["sample"], "--no-kv-cache", "--compile"]) == 0
+    err = capsys.readouterr().err
+    assert "lm: note: --compile compiles the KV-cache step" in err and err.count("\n") == 1, err
 
 
 def test_datasets_prints_no_progress_bars_of_its_own(tmp_path):

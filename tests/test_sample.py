@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from _support import tiny_config
@@ -168,3 +170,29 @@ def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(ex
     alone = [generate(model, [p], 16, pad_id=0)[0] for p in prompts]
     for use_cache in (True, False):
         assert generate(model, prompts, 16, pad_id=0, use_cache=use_cache) == alone
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position, monkeypatch):
+    # Dynamo traces the step whole (fullgraph: a graph break is an error) and compiles it at most
+    # twice over 24 tokens (the first, then one for the growing cache); Inductor is swapped for
+    # Dynamo's eager backend to keep the test fast: the tracing is what is checked here.
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import lm.sample
+
+    def traced(model, device, *, fullgraph, setting):
+        assert fullgraph
+        return torch.compile(model, backend="eager", fullgraph=True)
+
+    monkeypatch.setattr(lm.sample, "compile_model", traced)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=40, context_length=32, n_layer=2, n_head=2, d_model=16)
+    model = TransformerLM(dataclasses.replace(cfg, position=position)).eval()
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = generate(model, prompts, 24, pad_id=0, compile_step=True)
+    assert counters["stats"]["unique_graphs"] <= 2
+    assert compiled == generate(model, prompts, 24, pad_id=0)

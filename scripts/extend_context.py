@@ -1,0 +1,83 @@
+"""Fine-tuning RoPE runs to a longer context, with Position Interpolation and without (the
+control), from every seed of the README's extrapolation experiment; prints the loss at each
+evaluation length as mean ± std over the seeds.
+
+    python scripts/extend_context.py --runs runs/extrapolation --out runs/extend
+
+For each seed folder ``RUNS/position=rope/seedN`` it runs, with ``lm`` itself:
+
+    lm train configs/extrapolation_pi.yaml --init-from RUNS/position=rope/seedN \\
+        --out OUT/pi/seedN                                   # rope_scaling: pi:4
+    lm train configs/extrapolation_pi.yaml --init-from RUNS/position=rope/seedN \\
+        --out OUT/control/seedN --set model.rope_scaling=none  # the same steps, no interpolation
+    lm eval RUN --context-lengths 64,96,128,192,256,512      # each of the above, and the seed
+
+A fine-tuned run already complete in OUT (its step-200 checkpoint there) is evaluated again,
+not retrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+LENGTHS = "64,96,128,192,256,512"
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "extrapolation_pi.yaml"
+VARIANTS = {
+    "RoPE as trained at 64": None,
+    "+ PI:4, 200 steps at 256": [],
+    "+ 200 steps at 256, no interpolation": ["--set", "model.rope_scaling=none"],
+}
+
+
+def _lm(*args: str) -> None:
+    """``lm ARGS`` in this interpreter; stops the script if it fails."""
+    done = subprocess.run([sys.executable, "-m", "lm", *args])
+    if done.returncode:
+        sys.exit(f"extend_context: lm {' '.join(args)} failed (exit {done.returncode})")
+
+
+def _losses(run: Path) -> dict[int, float]:
+    """Evaluates ``run`` at every length and returns {length: loss}."""
+    _lm("eval", str(run), "--context-lengths", LENGTHS)
+    rows = json.loads((run / "eval.json").read_text())["rows"]
+    return {r["context_length"]: r["loss"] for r in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=Path, default=Path("runs/extrapolation"))
+    ap.add_argument("--out", type=Path, default=Path("runs/extend"))
+    args = ap.parse_args()
+    seeds = sorted((args.runs / "position=rope").glob("seed*"))
+    if not seeds:
+        sys.exit(f"extend_context: no RoPE runs under {args.runs}/position=rope (run lm compare)")
+    table: dict[str, list[dict[int, float]]] = {name: [] for name in VARIANTS}
+    for seed in seeds:
+        for name, extra in VARIANTS.items():
+            if extra is None:
+                table[name].append(_losses(seed))
+                continue
+            out = args.out / ("control" if extra else "pi") / seed.name
+            if not (out / "checkpoints" / "step_00000200").is_dir():  # not yet trained to the end
+                _lm("train", str(CONFIG), "--init-from", str(seed), "--out", str(out), *extra)
+            table[name].append(_losses(out))
+    lengths = sorted(table[next(iter(VARIANTS))][0])
+    print(f"\n{len(seeds)} seeds, loss mean ± std")
+    print("| | " + " | ".join(f"@{n}" for n in lengths) + " |")
+    print("|---|" + "---:|" * len(lengths))
+    for name, per_seed in table.items():
+        cells = []
+        for n in lengths:
+            x = [s[n] for s in per_seed]
+            spread = statistics.stdev(x) if len(x) > 1 else 0.0
+            cells.append(f"{statistics.mean(x):.4f} ± {spread:.4f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
