@@ -299,7 +299,9 @@ class MultiHeadAttention(nn.Module):
         block_mask, distance = parts
         score_mod = None
         if distance is not None:
-            slopes = self.slopes.to(q.dtype)
+            # fp32 whatever q's dtype: flex scores in fp32, and a bf16 bias would be off by up to
+            # 1/256 of m_h |pos_q - pos_k| (SDPA's additive mask must take q's dtype).
+            slopes = self.slopes.float()
 
             def score_mod(score, b, h, qi, ki):  # ALiBi: - m_h |pos_q - pos_k|
                 return score - slopes[h] * distance(b, qi, ki)
