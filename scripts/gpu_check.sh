@@ -202,7 +202,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && [ "$DRY_RUN" != 1 ]; then
         2>&1 | tee -a "$LOG"
 fi
 
-run_step tests 150 "$PY" -m pytest tests/test_cuda.py -q -rs -p no:cacheprovider
+run_step tests 200 "$PY" -m pytest tests/test_cuda.py -q -rs -p no:cacheprovider
 
 if [ "$DRY_RUN" = 1 ]; then
     BENCH_ARGS=(--device cpu --shapes nanogpt-cpu --dtypes fp32 --steps 2 --warmup 1)
