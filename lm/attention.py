@@ -25,6 +25,7 @@ included:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -268,7 +269,7 @@ class MultiHeadAttention(nn.Module):
             return False
         if self.training and self.dropout > 0:
             return False
-        if not _flex_backward(q) and torch.is_grad_enabled():
+        if not flex_backward(q.device) and torch.is_grad_enabled():
             return False  # PyTorch's FlexAttention has no backward pass on CPU
         if self.kernel == "flex":
             return True
@@ -289,23 +290,15 @@ class MultiHeadAttention(nn.Module):
         shared: dict | None,
     ) -> torch.Tensor:
         """``softmax(S + M) V`` by FlexAttention: M as a block mask (blocks wholly blocked are
-        skipped) and ALiBi as a score function; nothing ``T x T`` is built. The block mask is
-        made once per forward pass and shared by the layers."""
+        skipped) and ALiBi as a score function; nothing ``T x T`` is built. Both are made once
+        per forward pass and shared by the layers."""
         parts = shared.get("flex") if shared is not None else None
         if parts is None:
-            parts = _flex_parts(q, key_mask, segments, causal, positions, self.position == "alibi")
+            slopes = self.slopes if self.position == "alibi" else None
+            parts = _flex_parts(q, key_mask, segments, causal, positions, slopes)
             if shared is not None:
                 shared["flex"] = parts
-        block_mask, distance = parts
-        score_mod = None
-        if distance is not None:
-            # fp32 whatever q's dtype: flex scores in fp32, and a bf16 bias would be off by up to
-            # 1/256 of m_h |pos_q - pos_k| (SDPA's additive mask must take q's dtype).
-            slopes = self.slopes.float()
-
-            def score_mod(score, b, h, qi, ki):  # ALiBi: - m_h |pos_q - pos_k|
-                return score - slopes[h] * distance(b, qi, ki)
-
+        block_mask, score_mod = parts
         attend = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
         return attend(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
@@ -415,10 +408,10 @@ def _flex_parts(
     segments: torch.Tensor | None,
     causal: bool,
     positions: torch.Tensor,
-    alibi: bool,
+    slopes: torch.Tensor | None,
 ) -> tuple:
-    """FlexAttention's block mask for these masks (None: every key allowed) and, for ALiBi, the
-    distance ``|pos_q - pos_k|`` as a function of ``(batch, query, key)``."""
+    """FlexAttention's block mask for these masks (None: every key allowed) and, given ALiBi's
+    ``slopes``, its score function (else None)."""
     B, L = q.shape[0], q.shape[2]
 
     def allowed(b, h, qi, ki):  # True where query qi may read key ki
@@ -433,30 +426,28 @@ def _flex_parts(
     if causal or segments is not None or key_mask is not None:
         per_row = segments is not None or key_mask is not None
         block_mask = create_block_mask(allowed, B if per_row else None, None, L, L, q.device)
-    distance = None
-    if alibi:
-        pos = positions if positions.dim() == 2 else positions[None].expand(B, -1)  # (B, L)
+    if slopes is None:
+        return block_mask, None
+    pos = positions if positions.dim() == 2 else positions[None].expand(B, -1)  # (B, L)
+    # fp32 whatever q's dtype: flex scores in fp32, and a bf16 bias would be off by up to 1/256
+    # of m_h |pos_q - pos_k| (SDPA's additive mask must take q's dtype).
+    m = slopes.float()
 
-        def distance(b, qi, ki):
-            return (pos[b, qi] - pos[b, ki]).abs()
+    def alibi(score, b, h, qi, ki):  # - m_h |pos_q - pos_k|
+        return score - m[h] * (pos[b, qi] - pos[b, ki]).abs()
 
-    return block_mask, distance
-
-
-def _flex_backward(q: torch.Tensor) -> bool:
-    """Whether FlexAttention can run backward on this tensor's device (not on CPU)."""
-    return q.device.type != "cpu"
+    return block_mask, alibi
 
 
-_COMPILED_FLEX = None
+def flex_backward(device: torch.device) -> bool:
+    """Whether PyTorch's FlexAttention has a backward pass on this device (not on CPU)."""
+    return device.type != "cpu"
 
 
+@functools.cache
 def _compiled_flex():
     """``flex_attention`` compiled on its own, for a model that is not: PyTorch's eager
     FlexAttention is a reference that builds every score, slower than SDPA with a mask. Shapes
     are static (one compilation per length): Inductor's CPU code for dynamic shapes fails to
     build in PyTorch 2.13."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+    return torch.compile(flex_attention, dynamic=False)

@@ -99,10 +99,9 @@ def compile_model(
         return torch.compile(model, fullgraph=fullgraph)
     compilers = [os.environ.get("CXX") or "g++", "clang++"]
     if not any(shutil.which(c) for c in compilers):
-        off = "set CXX, or train.compile: false" if setting == "train.compile" else "set CXX"
         raise ConfigError(
             f"{setting}: compiling on CPU needs a C++ compiler and none of "
-            f"{', '.join(compilers)} is on PATH ({off})"
+            f"{', '.join(compilers)} is on PATH (set CXX, or turn {setting} off)"
         )
     return torch.compile(model, fullgraph=fullgraph, options={"cpp_wrapper": True})
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from lm.attention import flex_backward
 from lm.batches import TrainBatches
 from lm.board import check_board, open_board
 from lm.checkpoint import (
@@ -246,10 +247,10 @@ def _build(run: _Run) -> _Net:
             f"{data.train.n_tokens:,} training tokens"
             + (f", {batches.padding_fraction:.1%} padding" if padded else "")
         )
-    if run.config.model.attention == "flex" and device.type == "cpu":
+    if run.config.model.attention == "flex" and not flex_backward(device):
         run.log(
-            "lm: note: model.attention: flex has no backward pass on CPU in this PyTorch, so "
-            "training steps use sdpa's masks; evaluation uses flex"
+            f"lm: note: model.attention: flex has no backward pass on {device.type} in this "
+            "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
     return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches)
 

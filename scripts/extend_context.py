@@ -12,8 +12,8 @@ For each seed folder ``RUNS/position=rope/seedN`` it runs, with ``lm`` itself:
         --out OUT/control/seedN --set model.rope_scaling=none  # the same steps, no interpolation
     lm eval RUN --context-lengths 64,96,128,192,256,512      # each of the above, and the seed
 
-A fine-tuned run already complete in OUT (its step-200 checkpoint there) is evaluated again,
-not retrained.
+A fine-tuned run already complete in OUT (its final checkpoint there) is evaluated again, not
+retrained.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from lm.checkpoint import checkpoint_name
+from lm.config import load_config
 
 LENGTHS = "64,96,128,192,256,512"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "extrapolation_pi.yaml"
@@ -56,6 +59,7 @@ def main() -> None:
     seeds = sorted((args.runs / "position=rope").glob("seed*"))
     if not seeds:
         sys.exit(f"extend_context: no RoPE runs under {args.runs}/position=rope (run lm compare)")
+    final = checkpoint_name(load_config(CONFIG).train.max_steps)  # a run trained to the end
     table: dict[str, list[dict[int, float]]] = {name: [] for name in VARIANTS}
     for seed in seeds:
         for name, extra in VARIANTS.items():
@@ -63,7 +67,7 @@ def main() -> None:
                 table[name].append(_losses(seed))
                 continue
             out = args.out / ("control" if extra else "pi") / seed.name
-            if not (out / "checkpoints" / "step_00000200").is_dir():  # not yet trained to the end
+            if not (out / "checkpoints" / final).is_dir():
                 _lm("train", str(CONFIG), "--init-from", str(seed), "--out", str(out), *extra)
             table[name].append(_losses(out))
     lengths = sorted(table[next(iter(VARIANTS))][0])

@@ -10,11 +10,15 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import torch
+import torch.nn.functional as F
 import yaml
 
 import lm.step
 from lm.batches import TrainBatches
 from lm.config import Config, LMError, config_from_dict, merge
+from lm.model import loss_sum
+from lm.runtime import autocast_context
 
 TINY: dict[str, dict[str, Any]] = {
     "model": {"context_length": 32, "n_layer": 2, "n_head": 2, "d_model": 32},
@@ -141,3 +145,42 @@ def varied_corpus(path: Path, n: int = 60) -> Path:
             text = " ".join(words[(i * 7 + j) % len(words)] for j in range(1 + (i * 13) % 17))
             f.write(json.dumps({"text": text}) + "\n")
     return path
+
+
+def assert_bf16_step_matches_fp32(model, ids, device) -> None:
+    """One forward and backward pass of ``model`` on ``ids [B, T+1]`` in fp32, then under bf16
+    autocast: bf16 logits, an fp32 loss within bf16 precision of fp32's, gradients pointing the
+    same way (cosine > 0.999)."""
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model.zero_grad()
+        with autocast_context(device, dtype):
+            logits = model(ids[:, :-1])
+        assert logits.dtype == dtype
+        loss = loss_sum(logits, ids[:, 1:]) / ids[:, 1:].numel()
+        assert loss.dtype == torch.float32
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        results.append((loss.detach(), grads))
+    (loss32, grad32), (loss16, grad16) = results
+    torch.testing.assert_close(loss16, loss32, rtol=1e-3, atol=0)
+    cosine = F.cosine_similarity(grad16, grad32, dim=0)
+    assert cosine > 0.999, cosine
+
+
+def assert_padding_is_invisible(model, seqs, T: int, pad: int = 0) -> None:
+    """Each sequence of ``seqs`` (1-D token tensors) padded on the right, then on the left, into
+    one ``[len(seqs), T]`` batch: every real token's logits equal those of its sequence alone."""
+    device = seqs[0].device
+    with torch.no_grad():
+        alone = [model(s[None])[0] for s in seqs]
+        for side in ("right", "left"):
+            ids = torch.full((len(seqs), T), pad, dtype=torch.long, device=device)
+            key_mask = torch.zeros(len(seqs), T, dtype=torch.bool, device=device)
+            for i, s in enumerate(seqs):
+                sl = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
+                ids[i, sl], key_mask[i, sl] = s, True
+            logits = model(ids, key_mask=key_mask)
+            assert torch.isfinite(logits).all()
+            for i in range(len(seqs)):
+                torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)

@@ -11,8 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from _support import metrics, tiny_config
+from _support import (
+    assert_bf16_step_matches_fp32,
+    assert_padding_is_invisible,
+    metrics,
+    tiny_config,
+)
 
 from lm.attention import MultiHeadAttention
 from lm.checkpoint import complete_checkpoints
@@ -75,19 +79,7 @@ def test_padded_batch_gives_each_real_token_its_unpadded_logits(position):
     )
     model = TransformerLM(cfg).to(CUDA).eval()
     seqs = [torch.randint(1, 37, (n,), device=CUDA) for n in (19, 4, 11)]
-    T = 24
-    with torch.no_grad():
-        alone = [model(s[None])[0] for s in seqs]
-        for side in ("right", "left"):
-            ids = torch.zeros(3, T, dtype=torch.long, device=CUDA)
-            key_mask = torch.zeros(3, T, dtype=torch.bool, device=CUDA)
-            for i, s in enumerate(seqs):
-                sl = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
-                ids[i, sl], key_mask[i, sl] = s, True
-            logits = model(ids, key_mask=key_mask)
-            assert torch.isfinite(logits).all()
-            for i in range(len(seqs)):
-                torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)
+    assert_padding_is_invisible(model, seqs, T=24)
 
 
 @pytest.mark.parametrize("position", ["rope", "learned"])
@@ -96,21 +88,7 @@ def test_bf16_autocast_step_matches_fp32_within_bf16_precision(position):
     torch.manual_seed(0)
     model = TransformerLM(cfg).to(CUDA)
     ids = torch.randint(0, cfg.vocab_size, (4, cfg.context_length + 1), device=CUDA)
-    results = []
-    for dtype in (torch.float32, torch.bfloat16):
-        model.zero_grad()
-        with autocast_context(CUDA, dtype):
-            logits = model(ids[:, :-1])
-        assert logits.dtype == dtype
-        loss = loss_sum(logits, ids[:, 1:]) / ids[:, 1:].numel()
-        assert loss.dtype == torch.float32
-        loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        results.append((loss.detach(), grads))
-    (loss32, grad32), (loss16, grad16) = results
-    torch.testing.assert_close(loss16, loss32, rtol=1e-3, atol=0)
-    cosine = F.cosine_similarity(grad16, grad32, dim=0)
-    assert cosine > 0.999, cosine
+    assert_bf16_step_matches_fp32(model, ids, CUDA)
 
 
 def _sharp_model(position: str) -> TransformerLM:

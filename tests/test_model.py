@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from _support import assert_padding_is_invisible
 
 from lm.config import POSITIONS, ModelConfig
 from lm.model import PositionOutOfRange, TransformerLM
@@ -31,19 +32,7 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
 def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel):
     model = tiny(position, attention=kernel)
     seqs = [torch.randint(1, 37, (n,)) for n in (9, 4, 6)]
-    T, pad = 11, 0
-    with torch.no_grad():
-        alone = [model(s[None])[0] for s in seqs]
-        for side in ("right", "left"):
-            ids = torch.full((3, T), pad)
-            key_mask = torch.zeros(3, T, dtype=torch.bool)
-            for i, s in enumerate(seqs):
-                sl = slice(0, len(s)) if side == "right" else slice(T - len(s), T)
-                ids[i, sl], key_mask[i, sl] = s, True
-            logits = model(ids, key_mask=key_mask)
-            assert torch.isfinite(logits).all()
-            for i in range(len(seqs)):
-                torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)
+    assert_padding_is_invisible(model, seqs, T=11, pad=0)
 
 
 @pytest.mark.parametrize("position", POSITIONS)

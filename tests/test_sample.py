@@ -194,5 +194,5 @@ def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position,
     torch._dynamo.reset()
     counters.clear()
     compiled = generate(model, prompts, 24, pad_id=0, compile_step=True)
-    assert counters["stats"]["unique_graphs"] <= 2
+    assert 1 <= counters["stats"]["unique_graphs"] <= 2  # compiled, and at most once more
     assert compiled == generate(model, prompts, 24, pad_id=0)

@@ -12,8 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
-from _support import losses, metrics, nan_loss_at_step, tiny_config, varied_corpus, write_config
+from _support import (
+    assert_bf16_step_matches_fp32,
+    losses,
+    metrics,
+    nan_loss_at_step,
+    tiny_config,
+    varied_corpus,
+    write_config,
+)
 from safetensors.torch import load_file
 
 from lm.batches import PaddedCollator
@@ -21,7 +28,7 @@ from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import ConfigError, LMError
 from lm.model import TransformerLM, loss_sum
 from lm.optim import lr_at, orthogonalize
-from lm.runtime import autocast_context, compile_model
+from lm.runtime import compile_model
 from lm.train import train
 
 
@@ -267,24 +274,19 @@ def test_bf16_autocast_step_matches_fp32_within_bf16_precision(position):
     torch.manual_seed(0)
     model = TransformerLM(cfg)
     ids = torch.randint(0, cfg.vocab_size, (4, cfg.context_length + 1))
-    results = []
-    for dtype in (torch.float32, torch.bfloat16):
-        model.zero_grad()
-        with autocast_context(torch.device("cpu"), dtype):
-            logits = model(ids[:, :-1])
-        assert logits.dtype == dtype
-        loss = loss_sum(logits, ids[:, 1:]) / ids[:, 1:].numel()
-        assert loss.dtype == torch.float32
-        loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        results.append((loss.detach(), grads))
-    (loss32, grad32), (loss16, grad16) = results
-    torch.testing.assert_close(loss16, loss32, rtol=1e-3, atol=0)
-    cosine = F.cosine_similarity(grad16, grad32, dim=0)
-    assert cosine > 0.999, cosine
+    assert_bf16_step_matches_fp32(model, ids, torch.device("cpu"))
 
 
 def test_resume_refuses_a_changed_model_naming_the_key(tmp_path):
     train(tiny_config(train={"max_steps": 2, "checkpoint_every": 2}), tmp_path / "run", quiet=True)
     with pytest.raises(ConfigError, match=r"model\.n_layer: the run was trained with 2"):
         train(tiny_config(model={"n_layer": 3}), tmp_path / "run", resume=True, quiet=True)
+
+
+def test_flex_attention_trains_on_cpu_through_sdpa_masks_and_says_so_once(tmp_path, capsys):
+    train_cfg = {"max_steps": 2, "eval_every": 2, "eval_steps": 1, "checkpoint_every": 2}
+    cfg = tiny_config(model={"attention": "flex"}, train=train_cfg)
+    result = train(cfg, tmp_path / "run")
+    assert result.status == "done"
+    err = capsys.readouterr().err
+    assert err.count("model.attention: flex has no backward pass on cpu") == 1, err
