@@ -34,7 +34,6 @@ class DataError(LMError):
     """The text or tokenizer a config points at cannot be used: missing, empty or malformed."""
 
 
-POSITIONS = ("rope", "sinusoidal", "learned", "alibi", "none")
 ATTENTION_KERNELS = ("sdpa", "flex", "math")
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
@@ -96,6 +95,8 @@ class ModelConfig:
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str = "rope"
     """Position scheme: rope | sinusoidal | learned | alibi | none."""
+    scale_embeddings: bool = True
+    """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
     rope_scaling: str | None = None
@@ -120,6 +121,8 @@ class ModelConfig:
         s = "model"
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
+        from lm.position import POSITIONS  # the registry of schemes (lm.position imports this)
+
         _choice(s, "position", self.position, POSITIONS)
         _choice(s, "attention", self.attention, ATTENTION_KERNELS)
         if not 0.0 <= self.dropout < 1.0:

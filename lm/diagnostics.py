@@ -4,13 +4,12 @@ function of query-key offset; plus the sinusoid table on its own.
 The notes' claim for RoPE ("RoPE compares positions through angle differences") is that a
 rotated query-key score depends on the offset ``s - l`` rather than on the positions
 themselves. :func:`score_by_offset` measures what a trained model made of that: the pre-softmax
-score ``S = q·k / sqrt(d_k)`` (ALiBi's distance bias included, as the softmax sees it), averaged
-over every query-key pair at each offset, per layer and head.
+score ``S = q·k / sqrt(d_k)`` (a position bias such as ALiBi's included, as the softmax sees
+it), averaged over every query-key pair at each offset, per layer and head.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,7 @@ import torch
 from lm import plots
 from lm.config import LMError
 from lm.data import prepare_data
-from lm.model import TransformerLM
-from lm.position import alibi_bias, sinusoidal_table
+from lm.position import SCHEMES, sinusoidal_table
 from lm.runs import TOKENIZER, check_out_dir, load_run
 from lm.tokenizer import TextTokenizer
 
@@ -119,9 +117,8 @@ def draw_attention(
     unknown = run.tokenizer.count_unknown(text)
     if unknown:
         print(f"lm: {unknown} character(s) of the text became <unk>", file=sys.stderr)
-    with torch.no_grad():
-        maps = run.model.attention_maps(torch.tensor([ids], device=device))
-    weights = maps[layer][0, heads].float().cpu().numpy()  # (heads, T, T)
+    _, weights = run.model.attention_weights(torch.tensor([ids], device=device))[layer]
+    weights = weights[0, heads].float().cpu().numpy()  # (heads, T, T)
     tokens = [token_text(run.tokenizer, i) for i in ids]
     plots.attention_maps(
         weights,
@@ -131,40 +128,6 @@ def draw_attention(
         suptitle=f"{_name(run_dir)}: {cfg.position} positions, layer {layer}",
     )
     return AttentionPicture(weights, tokens, layer, heads, path)
-
-
-@torch.no_grad()
-def attention_scores(model: TransformerLM, input_ids: torch.Tensor) -> list[torch.Tensor]:
-    """Every layer's pre-softmax scores ``[B, H, T, T]`` (before the causal mask) for a batch.
-
-    Each layer's attention input and positions are caught on their way in, and its query and key
-    projections, position scheme and scaling are applied again to them, as the layer itself does.
-    """
-    inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def catch(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        inputs.append((args[0], kwargs["positions"]))
-
-    hooks = [
-        block.attn.register_forward_pre_hook(catch, with_kwargs=True) for block in model.blocks
-    ]
-    try:
-        model(input_ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    scores = []
-    for block, (x, positions) in zip(model.blocks, inputs, strict=True):
-        attn = block.attn
-        q, k, _ = attn.qkv(x).split(attn.d_model, dim=-1)
-        q, k = (t.unflatten(-1, (attn.n_head, attn.head_dim)).transpose(1, 2) for t in (q, k))
-        if attn.rope is not None:
-            q, k = attn.rope.apply(q, positions), attn.rope.apply(k, positions)
-        s = q @ k.transpose(-2, -1) / math.sqrt(attn.head_dim)  # (B, H, T, T)
-        if attn.position == "alibi":
-            s = s + alibi_bias(attn.slopes, positions, positions)
-        scores.append(s.float())
-    return scores
 
 
 def score_by_offset(
@@ -187,16 +150,18 @@ def score_by_offset(
         raise LMError(f"{run_dir}: the validation split holds fewer than {C} tokens")
     ids = torch.from_numpy(val.tokens[: n * C].astype(np.int64)).view(n, C).to(device)
     profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, C))
-    for i, s in enumerate(attention_scores(run.model, ids)):
+    for i, (s, _) in enumerate(run.model.attention_weights(ids)):
         for offset in range(C):
             # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
             diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
             profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
-    alibi = cfg.model.position == "alibi"  # the softmax sees the score plus ALiBi's bias
+    ylabel = "mean score q·k/√d_k"
+    if SCHEMES[cfg.model.position].acts_on == "scores":  # the softmax sees S plus the bias
+        ylabel += f" + {cfg.model.position} bias"
     plots.score_by_offset(
         profile,
         path,
-        ylabel="mean score q·k/√d_k + ALiBi bias" if alibi else "mean score q·k/√d_k",
+        ylabel=ylabel,
         title=f"{_name(run_dir)}: {cfg.model.position} positions, mean score by offset "
         f"({n} validation windows of {C} tokens)",
     )

@@ -18,19 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lm.attention import LayerKVCache, MultiHeadAttention
-from lm.config import LMError, ModelConfig
-from lm.position import (
-    Rope,
-    RopeCache,
-    positions_from_mask,
-    positions_from_segments,
-    sinusoidal_table,
-)
-
-
-class PositionOutOfRange(LMError):
-    """A learned position table has no row for this position."""
+from lm.attention import MultiHeadAttention
+from lm.cache import KVCache
+from lm.config import ModelConfig
+from lm.kernels import softmax_rows
+from lm.plan import Plan, build_plan
+from lm.position import embedding_part
 
 
 class MLP(nn.Module):
@@ -46,89 +39,20 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
-def rope_of(config: ModelConfig) -> Rope | None:
-    """RoPE's angles as the config sets them (None for the other schemes)."""
-    if config.position != "rope":
-        return None
-    pairs = None if config.rope_fraction == 1.0 else config.rope_pairs
-    return Rope(
-        config.head_dim,
-        config.rope_base,
-        pairs,
-        config.rope_method,
-        config.rope_factor,
-        config.rope_context,
-    )
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
-        self.attn = MultiHeadAttention(
-            config.d_model,
-            config.n_head,
-            position=config.position,
-            rope=rope_of(config),
-            kernel=config.attention,
-            dropout=config.dropout,
-            bias=config.bias,
-        )
+        self.attn = MultiHeadAttention(config, layer)
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, **attn_args) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, weights = self.attn(self.norm1(x), causal=True, **attn_args)
-        x = x + self.drop(a)
-        x = x + self.drop(self.mlp(self.norm2(x)))
-        return x, weights
-
-
-class KVCache:
-    """Every layer's keys and values, plus what all layers share: which slots hold real tokens
-    and at which positions. Slots are filled left to right, ``capacity`` at most; attention reads
-    every slot through ``key_mask`` (False at pads and unfilled slots), so a one-token step has
-    fixed shapes. ``dtype`` stores keys and values in another precision (bf16 under autocast).
-
-    Only ``extend`` (and each layer's ``append``) changes the cache.
-    """
-
-    def __init__(
-        self, model: TransformerLM, batch: int, capacity: int, dtype: torch.dtype | None = None
-    ):
-        like = next(model.parameters())
-        cfg = model.config
-        self.layers = [
-            LayerKVCache(batch, cfg.n_head, capacity, cfg.head_dim, like, dtype)
-            for _ in model.blocks
-        ]
-        self.length = 0  # slots filled (host bookkeeping)
-        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=like.device)
-        self.key_positions = torch.zeros(batch, capacity, dtype=torch.long, device=like.device)
-        self._real = torch.zeros(batch, dtype=torch.long, device=like.device)  # real tokens so far
-        self._slot = torch.arange(capacity, device=like.device)
-        self._next = torch.zeros((), dtype=torch.long, device=like.device)  # first free slot
-
-    def extend(self, new_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Record T new slots (``new_mask [B, T]``, True = real). Returns their positions
-        ``[B, T]``, each row counting on from its own real tokens, and the key mask and key
-        positions of the filled slots, ``[B, length]`` each (views of ``key_mask`` and
-        ``key_positions``, which cover every slot)."""
-        T = new_mask.shape[1]
-        end = self.length + T
-        if end > self.key_mask.shape[1]:
-            raise ValueError(f"KV cache holds {self.key_mask.shape[1]} slots; {end} requested")
-        positions = positions_from_mask(new_mask, self._real)
-        slots = self._next + self._slot[:T]  # (T,): written at a device-side index
-        self.key_mask.index_copy_(1, slots, new_mask)
-        self.key_positions.index_copy_(1, slots, positions)
-        self._real += new_mask.sum(dim=1)
-        self._next += T
-        self.length = end
-        return positions, self.key_mask[:, :end], self.key_positions[:, :end]
+    def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), plan, cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
 
 
 class TransformerLM(nn.Module):
@@ -139,20 +63,17 @@ class TransformerLM(nn.Module):
         self.config = config
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size, d)  # E
-        if config.position == "learned":
-            self.pos_embed = nn.Embedding(config.context_length, d)
-        if config.position == "sinusoidal":
-            table = sinusoidal_table(config.context_length, d)
-            self.register_buffer("sinusoids", table, persistent=False)
-            self.embed_scale = math.sqrt(d)
-        if config.position == "rope":  # cos and sin of every trained position, computed once
-            self.rope = RopeCache(rope_of(config), config.context_length)
+        self.pos_embed = embedding_part(config)  # adds p_l for the additive schemes
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
+        # The parts that prepare what layers share: the first of each kind speaks for the rest,
+        # which are built from the same config (a plain list: the layers own them).
+        parts = [block.attn.position for block in self.blocks]
+        self._sharing = list({type(p): p for p in reversed(parts)}.values())
         self.apply(self._init_weights)
         # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
         # whatever the depth.
@@ -171,9 +92,7 @@ class TransformerLM(nn.Module):
         """Distinct parameters (a tied head counts once); optionally without the embeddings."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.embed.weight.numel()
-            if self.config.position == "learned":
-                n -= self.pos_embed.weight.numel()
+            n -= self.embed.weight.numel() + sum(p.numel() for p in self.pos_embed.parameters())
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -204,77 +123,49 @@ class TransformerLM(nn.Module):
         packed windows holding several documents (attention stays inside each document and
         positions restart at each); ``cache`` to decode incrementally after earlier calls.
         """
-        logits, _ = self._run(input_ids, key_mask, segment_ids, cache, need_weights=False)
-        return logits
+        plan = self.plan(input_ids, key_mask, segment_ids, cache)  # positions, masks: once
+        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))  # E[w_l] + p_l
+        for block in self.blocks:
+            x = block(x, plan, cache)  # (B, T, d)
+        return self.head(self.norm(x))  # (B, T, vocab)
 
-    def attention_maps(
-        self, input_ids: torch.Tensor, key_mask: torch.Tensor | None = None
-    ) -> list[torch.Tensor]:
-        """The attention matrices A of every layer, each ``[B, H, T, T]`` (the explicit path)."""
-        _, maps = self._run(input_ids, key_mask, None, None, need_weights=True)
-        return maps
-
-    def _run(
+    def plan(
         self,
         input_ids: torch.Tensor,
-        key_mask: torch.Tensor | None,
-        segment_ids: torch.Tensor | None,
-        cache: KVCache | None,
-        need_weights: bool,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        T = input_ids.shape[1]
-        past = cache.length if cache is not None else 0
-        # Where each token sits: real tokens counted from 0 (padding and documents respected).
-        key_positions = None  # the keys' positions are the queries', unless a cache holds more
-        if cache is not None:
-            if key_mask is None:
-                key_mask = torch.ones_like(input_ids, dtype=torch.bool)
-            positions = cache.extend(key_mask)[0]
-            key_mask, key_positions = cache.key_mask, cache.key_positions  # (B, capacity)
-        elif segment_ids is not None:
-            positions = positions_from_segments(segment_ids)
-        elif key_mask is not None:
-            positions = positions_from_mask(key_mask)
-        else:
-            positions = torch.arange(T, device=input_ids.device)
+        key_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        kernel: str | None = None,
+    ) -> Plan:
+        """Where every token sits and which keys each query reads, with what the position
+        scheme shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
+        plan = build_plan(
+            self.config,
+            input_ids,
+            key_mask,
+            segment_ids,
+            cache,
+            training=self.training,
+            kernel=kernel,
+            dtype=self.embed.weight.dtype,
+        )
+        for part in self._sharing:
+            plan = part.prepare(plan)
+        return plan
 
-        x = self._embed(input_ids, positions, past + T)  # (B, T, d)
-        attn = {"positions": positions, "key_mask": key_mask, "key_positions": key_positions}
-        attn["shared"] = {}  # masks and ALiBi bias: built by the first layer, reused by the rest
-        if segment_ids is not None:  # attention stays inside each document
-            attn["segments"] = segment_ids
-        if self.config.position == "rope":  # cos and sin looked up once, for every layer
-            attn["rope_angles"] = self.rope(positions, past + T)
-        layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
+    @torch.no_grad()
+    def attention_weights(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's softmax input ``S + M`` and attention matrix ``A = softmax_row(S + M)``,
+        ``[B, H, T, T]`` each, through the notes' explicit formula: ``(scores, weights)``
+        per layer."""
+        plan = self.plan(input_ids, kernel="math")
+        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))
         maps = []
-        for block, layer_cache in zip(self.blocks, layer_caches, strict=True):
-            x, weights = block(x, cache=layer_cache, need_weights=need_weights, **attn)
-            maps.append(weights)
-        return self.head(self.norm(x)), maps
-
-    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor, top: int) -> torch.Tensor:
-        """``x_l = E[w_l] + p_l`` (``p_l`` for the additive schemes only), ``[B, T, d]``.
-
-        ``top`` bounds the positions from above (slots so far) without reading the tensor, which
-        would stall a GPU.
-        """
-        x = self.embed(input_ids)
-        if self.config.position == "learned":
-            if top > self.config.context_length:
-                raise PositionOutOfRange(
-                    f"learned positions cover 0..{self.config.context_length - 1}; position "
-                    f"{top - 1} has no trained vector (use a shorter context)"
-                )
-            x = x + self.pos_embed(positions)
-        elif self.config.position == "sinusoidal":
-            table = self.sinusoids
-            if top > table.shape[0]:  # fixed sinusoids extend to any length
-                table = sinusoidal_table(top, self.config.d_model, device=table.device)
-            # The fixed sinusoids have entries of size ~1; scaling the embedding by sqrt(d) (as
-            # Vaswani et al. do) keeps a token's identity from drowning in its position. The
-            # notes' E is this scaled table.
-            x = x * self.embed_scale + table[positions].to(self.embed.weight.dtype)
-        return self.drop(x)
+        for block in self.blocks:
+            scores = block.attn.scores(block.norm1(x), plan)
+            maps.append((scores, softmax_rows(scores)))
+            x = block(x, plan)
+        return maps
 
 
 # Logits above this many elements are scored in chunks of rows, so that no fp32 copy of the whole

@@ -1,32 +1,81 @@
-"""Position schemes, as in the notes' "Position tells the model where a matching token occurred".
+"""Position schemes as parts, as in the notes' "Position tells the model where a matching token
+occurred".
 
-Two of the five are the notes' own:
+The notes give two ways a position enters a transformer, "add position features, or rotate
+query/key features using their positions"; ALiBi adds a third, a bias on the scores. Each scheme
+is one small part that says where it acts:
 
-* ``sinusoidal`` -- additive: ``x_l = E[w_l] + p_l`` with ``p[l, 2i] = sin(l w_i)``,
-  ``p[l, 2i+1] = cos(l w_i)``, ``w_i = 10000^(-2i/d)``.
-* ``rope`` -- rotary: every interleaved query/key pair ``(x[2i], x[2i+1])`` at position ``l`` is
-  rotated by the angle ``l theta_i``, ``theta_i = base^(-2i/d_k)``; values are never rotated.
-  The score of a rotated query/key pair depends only on the offset ``s - l``.
+==================  ==========================  ============================================
+acts on             scheme                      what it does
+==================  ==========================  ============================================
+embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
+queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
+scores              ``alibi``                   ``S_lj - m_h |l - j|``
+nothing             ``none``                    only the causal mask orders the tokens
+==================  ==========================  ============================================
 
-The others make the comparison complete: ``learned`` (a learned absolute table, as GPT-2),
-``alibi`` (a per-head linear distance penalty on the scores; Press et al. 2022, "Train Short,
-Test Long") and ``none`` (no position signal; only the causal mask breaks permutation symmetry).
+A part overrides only the hooks of its place, and the model and attention call every hook
+without asking which scheme they hold: ``embed`` (the model, once, on ``E[w]``), ``prepare``
+(the model, once per forward pass: what the layers share, such as RoPE's cos and sin), and
+``rotate`` and ``bias`` (each attention layer). A new scheme is a new part in :data:`SCHEMES`.
 
 Every scheme counts real tokens only: padding takes no position and each packed document starts
-again at 0 (``positions_from_mask``, ``positions_from_segments``).
-
-RoPE can also rotate only the first pairs of each head (partial RoPE) and be extended past its
-trained context by Position Interpolation, NTK-aware scaling or YaRN (:class:`Rope`; each
-method's function gives its formula and source).
+again at 0 (``positions_from_mask``, ``positions_from_segments``). RoPE can also rotate only the
+first pairs of each head (partial RoPE) and be extended past its trained context by Position
+Interpolation, NTK-aware scaling or YaRN (:class:`Rope`; each method's function gives its
+formula and source).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from lm.config import LMError, ModelConfig
+
+if TYPE_CHECKING:
+    from lm.plan import Bias, Plan
+
+
+class PositionOutOfRange(LMError):
+    """A learned position table has no row for this position."""
+
+
+class Scheme(nn.Module):
+    """A position scheme's part: every hook does nothing, so this is also ``none``, where only
+    the causal mask breaks the permutation symmetry (notes, "Self-attention without positions
+    is permutation equivariant")."""
+
+    acts_on = "nothing"
+    """embeddings | queries and keys | scores | nothing."""
+
+    def __init__(self, config: ModelConfig | None = None):
+        super().__init__()
+
+    def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """``x [B, T, d]`` (the token embeddings) with the position added, for this scheme."""
+        return x
+
+    def prepare(self, plan: Plan) -> Plan:
+        """The plan with what every layer of this scheme shares in one forward pass."""
+        return plan
+
+    def rotate(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """Queries or keys ``[B, H, T, d_k]`` as attention scores them."""
+        return x
+
+    def bias(self, plan: Plan) -> Bias | None:
+        """What this scheme adds to the scores ``S``, in the form the plan's kernel takes."""
+        return None
+
+
+# The notes' two schemes: additive sinusoids and RoPE.
 
 
 def sinusoidal_table(
@@ -35,7 +84,8 @@ def sinusoidal_table(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """The notes' fixed sinusoids, shape ``[length, d]``; ``d`` must be even."""
+    """The notes' fixed sinusoids, ``[length, d]``: ``p[l, 2i] = sin(l w_i)``, ``p[l, 2i+1] =
+    cos(l w_i)``, ``w_i = 10000^(-2i/d)``; ``d`` must be even."""
     if d % 2:
         raise ValueError(f"sinusoidal_table needs an even width, got d={d}")
     positions = torch.arange(length, device=device, dtype=torch.float64)[:, None]  # (L, 1)
@@ -45,6 +95,48 @@ def sinusoidal_table(
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
     return table.to(dtype)
+
+
+class Sinusoidal(Scheme):
+    """``x_l = E[w_l] + p_l`` with the notes' fixed sinusoids, which extend to any length.
+
+    With ``model.scale_embeddings`` the token embedding is ``sqrt(d) E[w_l]`` instead (Vaswani et
+    al. 2017), so that a token's identity (entries of about 0.02 at initialisation) does not
+    drown in its position (entries of about 1).
+    """
+
+    acts_on = "embeddings"
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.d = config.d_model
+        self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
+        self.register_buffer("table", sinusoidal_table(config.context_length, self.d), False)
+
+    def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        table = self.table
+        if plan.end > table.shape[0]:  # past the trained context: the same formula, computed
+            table = sinusoidal_table(plan.end, self.d, device=table.device)
+        p = table[plan.positions].to(x.dtype)  # (T, d) or (B, T, d)
+        return x * self.scale + p if self.scale != 1.0 else x + p
+
+
+class Learned(nn.Embedding, Scheme):
+    """``x_l = E[w_l] + P[l]`` with a learned table ``P`` of one row per trained position (GPT-2),
+    which has nothing to say past the last one. An ``nn.Embedding``, initialised as one."""
+
+    acts_on = "embeddings"
+
+    def __init__(self, config: ModelConfig):
+        nn.Embedding.__init__(self, config.context_length, config.d_model)
+
+    def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        if plan.end > self.num_embeddings:  # bounded without reading positions (a GPU stall)
+            raise PositionOutOfRange(
+                f"learned positions cover 0..{self.num_embeddings - 1}; position {plan.end - 1} "
+                "has no trained vector (use a shorter context)"
+            )
+        return x + F.embedding(plan.positions, self.weight)
 
 
 def rope_frequencies(
@@ -143,6 +235,19 @@ class Rope:
         if self.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of features; got an odd width {self.head_dim}")
 
+    @classmethod
+    def of(cls, config: ModelConfig) -> Rope:
+        """RoPE's angles as a model config sets them."""
+        pairs = None if config.rope_fraction == 1.0 else config.rope_pairs
+        return cls(
+            config.head_dim,
+            config.rope_base,
+            pairs,
+            config.rope_method,
+            config.rope_factor,
+            config.rope_context,
+        )
+
     @property
     def extended(self) -> bool:
         return self.method != "none" and self.factor != 1.0
@@ -178,54 +283,36 @@ class Rope:
             cos, sin = cos * scale, sin * scale
         return cos.to(dtype), sin.to(dtype)
 
-    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """RoPE on queries or keys ``x [..., L, d_k]`` at positions ``[L]`` or ``[B, L]``."""
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return rotate_pairs(x, *self.cos_sin(positions, dtype))
 
+class Rotary(Scheme):
+    """RoPE: pair i of every query and key at position l rotated by ``l theta_i`` (values never
+    are), so a query-key score depends on the offset ``s - l`` only (notes, "RoPE compares
+    positions through angle differences"). cos and sin of the trained positions are computed
+    once, kept as unsaved buffers; longer contexts are computed when asked for."""
 
-class RopeCache(nn.Module):
-    """cos and sin of positions ``0 .. length-1``, computed once and kept as (unsaved) buffers,
-    so they follow the model to its device; longer contexts are computed when asked for."""
+    acts_on = "queries and keys"
 
-    def __init__(self, rope: Rope, length: int):
-        super().__init__()
-        self.rope = rope
-        cos, sin = rope.cos_sin(torch.arange(length))  # (length, d_k/2) each
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.rope = Rope.of(config)
+        cos, sin = self.rope.cos_sin(torch.arange(config.context_length))  # (C, d_k/2) each
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, positions: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at ``positions``; ``top`` bounds them from above without reading the
-        tensor (which would stall a GPU)."""
-        if top <= self.cos.shape[0]:
-            return self.cos[positions], self.sin[positions]
-        return self.rope.cos_sin(positions)
+    def prepare(self, plan: Plan) -> Plan:
+        """cos and sin at the plan's positions, looked up once for every layer (``plan.end``
+        bounds the positions without a device read)."""
+        if plan.end <= self.cos.shape[0]:
+            angles = self.cos[plan.positions], self.sin[plan.positions]
+        else:
+            angles = self.rope.cos_sin(plan.positions)
+        return dataclasses.replace(plan, rotation=angles)
+
+    def rotate(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        return rotate_pairs(x, *plan.rotation)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
-    """RoPE on queries or keys ``x [..., L, d_k]`` at positions ``[L]`` or ``[B, L]``; the
-    notes' plain rotation unless ``rope`` says otherwise."""
-    return (rope or Rope(x.shape[-1])).apply(x, positions)
-
-
-def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
-    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one.
-
-    ``start`` (an int or ``[B]``) is each row's count of real tokens before these, for decoding.
-    """
-    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
-    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-
-
-def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
-    B, L = segment_ids.shape
-    index = torch.arange(L, device=segment_ids.device).expand(B, L)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    return index - first
+# A bias on the scores.
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -247,14 +334,69 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-def alibi_bias(
-    slopes: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
-) -> torch.Tensor:
-    """Additive score bias ``-m_h |pos_q - pos_k|``, shape ``[B or 1, H, Lq, Lk]``.
+class Alibi(Scheme):
+    """ALiBi (Press et al. 2022, "Train Short, Test Long"): head h adds ``-m_h |l - j|`` to the
+    score of query position l and key position j, with fixed slopes ``m_h``. The bias depends on
+    positions alone, so it is built once per forward pass and shared by the layers."""
 
-    Positions are ``[L]`` or ``[B, L]``; a causal mask removes the future keys separately.
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig):
+        super().__init__(config)
+        self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return -self.slopes[head] * (query - key).abs()
+
+    def prepare(self, plan: Plan) -> Plan:
+        return dataclasses.replace(plan, bias=plan.score_bias(self.score))
+
+    def bias(self, plan: Plan) -> Bias | None:
+        return plan.bias
+
+
+SCHEMES: dict[str, type[Scheme]] = {
+    "rope": Rotary,
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "alibi": Alibi,
+    "none": Scheme,
+}
+"""Every ``model.position``, by name."""
+
+POSITIONS = tuple(SCHEMES)
+
+
+def embedding_part(config: ModelConfig) -> Scheme:
+    """What the model adds to the token embeddings: the scheme's part if it acts there."""
+    part = SCHEMES[config.position]
+    return part(config) if part.acts_on == "embeddings" else Scheme(config)
+
+
+def attention_part(config: ModelConfig) -> Scheme:
+    """What one attention layer does with positions: the scheme's part if it acts there."""
+    part = SCHEMES[config.position]
+    return part(config) if part.acts_on in ("queries and keys", "scores") else Scheme(config)
+
+
+# Where each token sits.
+
+
+def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
+    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one.
+
+    ``start`` (an int or ``[B]``) is each row's count of real tokens before these, for decoding.
     """
-    q = q_positions if q_positions.dim() == 2 else q_positions[None]
-    k = k_positions if k_positions.dim() == 2 else k_positions[None]
-    distance = (q[:, :, None] - k[:, None, :]).abs().to(torch.float32)  # (B, Lq, Lk)
-    return -slopes.to(distance.device)[None, :, None, None] * distance[:, None]
+    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
+    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
+    B, L = segment_ids.shape
+    index = torch.arange(L, device=segment_ids.device).expand(B, L)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first

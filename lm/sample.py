@@ -26,7 +26,8 @@ import hashlib
 
 import torch
 
-from lm.model import KVCache, TransformerLM
+from lm.cache import KVCache
+from lm.model import TransformerLM
 from lm.runtime import compile_model
 
 DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"

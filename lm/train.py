@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from lm.attention import flex_backward
 from lm.batches import TrainBatches
 from lm.board import check_board, open_board
 from lm.checkpoint import (
@@ -47,6 +46,7 @@ from lm.distributed import (
     shared_failure,
 )
 from lm.evaluate import evaluate
+from lm.kernels import flex_backward
 from lm.metrics import MetricsLog
 from lm.model import TransformerLM
 from lm.optim import build_optimizer, lr_at, set_lr

@@ -184,3 +184,36 @@ def assert_padding_is_invisible(model, seqs, T: int, pad: int = 0) -> None:
             assert torch.isfinite(logits).all()
             for i in range(len(seqs)):
                 torch.testing.assert_close(logits[i][key_mask[i]], alone[i], atol=2e-5, rtol=1e-4)
+
+
+def attention_layer(d_model: int, n_head: int, **model: Any):
+    """One attention layer on its own, built from a model config: ``(layer, config)``."""
+    from lm.attention import MultiHeadAttention
+    from lm.config import ModelConfig
+
+    config = ModelConfig(d_model=d_model, n_head=n_head, **model)
+    return MultiHeadAttention(config), config
+
+
+def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, **masks):
+    """``layer`` run on ``x [B, T, d]`` as its model would run it: the plan built once for the
+    pass (``masks``: ``key_mask``, ``segments``), the layer's position part preparing it;
+    ``positions`` places the tokens elsewhere than the masks say."""
+    import dataclasses
+
+    from lm.plan import build_plan
+
+    ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
+    plan = build_plan(
+        config,
+        ids,
+        masks.get("key_mask"),
+        masks.get("segments"),
+        causal=causal,
+        training=layer.training,
+        kernel=kernel,
+        dtype=x.dtype,
+    )
+    if positions is not None:
+        plan = dataclasses.replace(plan, positions=positions, key_positions=positions)
+    return layer(x, layer.position.prepare(plan))

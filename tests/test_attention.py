@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from _support import attention_layer, self_attend
 
-from lm.attention import MultiHeadAttention, attention, causal_mask
-from lm.position import Rope
+from lm.kernels import attention, causal_mask
 
 
 @pytest.fixture(autouse=True)
@@ -63,42 +63,50 @@ def test_causal_mask_shape_and_values():
     assert (m.triu(1)[torch.ones(5, 5, dtype=torch.bool).triu(1)] < 0).all()
 
 
+def test_the_causal_mask_is_the_one_every_kernel_uses_and_shifts_for_a_cache():
+    # Three queries at slots 2-4 of five (two cached before them): query i reads slots <= 2 + i.
+    m = causal_mask(3, keys=5, first=2)
+    assert (m == 0).tolist() == [[True] * 3 + [False] * 2, [True] * 4 + [False], [True] * 5]
+    assert torch.equal(causal_mask(4, keys=4, first=0), causal_mask(4))
+
+
 def _sa(x, causal=False, **kw):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(x.shape[-1], 2, **kw)
-    return mha, mha(x, causal=causal)[0]
+    mha, cfg = attention_layer(x.shape[-1], 2, **kw)
+    return mha, cfg, self_attend(mha, cfg, x, causal=causal)
 
 
 def test_self_attention_without_positions_is_permutation_equivariant():
     x = torch.randn(1, 6, 8)
-    mha, y = _sa(x)
+    mha, cfg, y = _sa(x, position="none")
     for seed in range(5):
         perm = torch.randperm(6, generator=torch.Generator().manual_seed(seed))
-        torch.testing.assert_close(mha(x[:, perm])[0], y[:, perm])
+        torch.testing.assert_close(self_attend(mha, cfg, x[:, perm], causal=False), y[:, perm])
 
 
 def test_causal_mask_makes_output_independent_of_the_future_and_breaks_equivariance():
     x = torch.randn(1, 6, 8)
-    mha, y = _sa(x, causal=True)
+    mha, cfg, y = _sa(x, causal=True, position="none")
     x2 = x.clone()
     x2[:, 4:] = torch.randn(1, 2, 8)
-    y2 = mha(x2, causal=True)[0]
+    y2 = self_attend(mha, cfg, x2)
     torch.testing.assert_close(y2[:, :4], y[:, :4])
     assert not torch.allclose(y2[:, 4:], y[:, 4:])
     perm = torch.tensor([5, 0, 3, 1, 4, 2])
-    assert not torch.allclose(mha(x[:, perm], causal=True)[0], y[:, perm])
+    assert not torch.allclose(self_attend(mha, cfg, x[:, perm]), y[:, perm])
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "math"])
-def test_cross_attention_shapes_and_self_attention_as_special_case(kernel):
+def test_cross_attention_shapes_and_self_attention_as_special_case():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2, kernel=kernel)
+    mha, cfg = attention_layer(8, 2, position="none")
     x, c = torch.randn(2, 3, 8), torch.randn(2, 7, 8)
-    y, w = mha(x, context=c, need_weights=True)
+    y, w = mha.cross(x, c)
     assert y.shape == (2, 3, 8)
     assert w.shape == (2, 2, 3, 7)  # L_q x L_c weights per head
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 3))
-    torch.testing.assert_close(mha(x, context=x)[0], mha(x)[0])
+    for kernel in ("sdpa", "math"):
+        unmasked = self_attend(mha, cfg, x, causal=False, kernel=kernel)
+        torch.testing.assert_close(mha.cross(x, x)[0], unmasked)
     q = torch.randn(4, 3)
     kk, vv = torch.randn(7, 3), torch.randn(7, 5)
     y1, w1 = attention(q, kk, vv)
@@ -116,48 +124,55 @@ def _masks(B, L):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal):
     torch.manual_seed(1)
-    fused = MultiHeadAttention(16, 4, position=position, kernel="sdpa")
-    explicit = MultiHeadAttention(16, 4, position=position, kernel="math")
+    fused, cfg = attention_layer(16, 4, position=position, attention="sdpa")
+    explicit, explicit_cfg = attention_layer(16, 4, position=position, attention="math")
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(2, 7, 16)
     for key_mask in (None, _masks(2, 7)):
-        a, _ = fused(x, key_mask=key_mask, causal=causal)
-        b, _ = explicit(x, key_mask=key_mask, causal=causal)
+        a = self_attend(fused, cfg, x, key_mask=key_mask, causal=causal)
+        b = self_attend(explicit, explicit_cfg, x, key_mask=key_mask, causal=causal)
         assert torch.isfinite(a).all() and torch.isfinite(b).all()
         torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize(
     "rope",
-    [Rope(4, method="yarn", factor=4.0, context=4), Rope(4, pairs=1, method="pi", factor=2.0)],
+    [
+        {"rope_scaling": "yarn:4", "rope_original_context": 4},
+        {"rope_fraction": 0.5, "rope_scaling": "pi:2"},
+    ],
     ids=["yarn", "partial-pi"],
 )
 def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
     torch.manual_seed(1)
-    fused = MultiHeadAttention(16, 4, position="rope", rope=rope, kernel="sdpa")
-    explicit = MultiHeadAttention(16, 4, position="rope", rope=rope, kernel="math")
+    fused, cfg = attention_layer(16, 4, position="rope", attention="sdpa", **rope)
+    explicit, explicit_cfg = attention_layer(16, 4, position="rope", attention="math", **rope)
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(2, 7, 16)
     for key_mask in (None, _masks(2, 7)):
-        a, _ = fused(x, key_mask=key_mask, causal=True)
-        b, _ = explicit(x, key_mask=key_mask, causal=True)
+        a = self_attend(fused, cfg, x, key_mask=key_mask)
+        b = self_attend(explicit, explicit_cfg, x, key_mask=key_mask)
         torch.testing.assert_close(a, b)
 
 
 def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
+    from lm.kernels import softmax_rows
+    from lm.plan import build_plan
+
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2)
+    mha, cfg = attention_layer(8, 2, position="none", attention="math")
     x = torch.randn(2, 5, 8)
     key_mask = _masks(2, 5)
-    y, w = mha(x, key_mask=key_mask, causal=True, need_weights=True)
+    plan = build_plan(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask, dtype=x.dtype)
+    w = softmax_rows(mha.scores(x, plan))  # (B, H, T, T)
+    y = self_attend(mha, cfg, x, key_mask=key_mask)
     assert (w[0, :, :, :3] == 0).all() and (w[1, :, :, -2:] == 0).all()
     assert torch.isfinite(y).all()
     # Rows 0-2 of sequence 0 have no real key at all (left padding + causal): zero, not NaN.
     assert (w[0, :, :3] == 0).all()
     every_key_padded = torch.zeros(2, 5, dtype=torch.bool)
     for kernel in ("sdpa", "math"):
-        mha.kernel = kernel
-        out, _ = mha(x, key_mask=every_key_padded)
+        out = self_attend(mha, cfg, x, key_mask=every_key_padded, causal=False, kernel=kernel)
         assert torch.isfinite(out).all()
     # Boolean and additive masks mean the same thing in the explicit function.
     q, k, v = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 2)
@@ -169,12 +184,12 @@ def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
 
 def test_padded_keys_do_not_change_real_outputs():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2)
+    mha, cfg = attention_layer(8, 2, position="none")
     x = torch.randn(1, 4, 8)
-    ref = mha(x, causal=True)[0]
+    ref = self_attend(mha, cfg, x)
     padded = torch.cat([x, torch.randn(1, 3, 8)], dim=1)
     key_mask = torch.tensor([[True] * 4 + [False] * 3])
-    out = mha(padded, key_mask=key_mask, causal=True)[0]
+    out = self_attend(mha, cfg, padded, key_mask=key_mask)
     torch.testing.assert_close(out[:, :4], ref)
 
 
@@ -192,14 +207,15 @@ def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(posi
     # FlexAttention gets masks and the ALiBi bias as functions of (batch, head, query, key), not
     # as tensors; no grad: on CPU PyTorch's flex runs forward only.
     torch.manual_seed(2)
-    flex = MultiHeadAttention(32, 2, position=position, kernel="flex").float().eval()
-    explicit = MultiHeadAttention(32, 2, position=position, kernel="math").float().eval()
+    flex, cfg = attention_layer(32, 2, position=position, attention="flex")
+    explicit, explicit_cfg = attention_layer(32, 2, position=position, attention="math")
+    flex, explicit = flex.float().eval(), explicit.float().eval()
     explicit.load_state_dict(flex.state_dict())
     x = torch.randn(2, 9, 32, dtype=torch.float32)
     with torch.no_grad():
         for masks in ({}, _documents_and_padding(2, 9)):
-            a = flex(x, causal=True, **masks)[0]
-            b = explicit(x, causal=True, **masks)[0]
+            a = self_attend(flex, cfg, x, **masks)
+            b = self_attend(explicit, explicit_cfg, x, **masks)
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert (a[0, :3] == 0).all()  # queries with no real key: a zero output (no bias), not NaN
 
@@ -208,19 +224,36 @@ def test_flex_trains_on_cpu_through_sdpa_masks_and_equals_them():
     # PyTorch has no FlexAttention backward on CPU: with gradients on, the flex kernel falls back
     # to SDPA's masks, so a training step runs and matches the sdpa kernel exactly.
     torch.manual_seed(3)
-    flex = MultiHeadAttention(32, 2, position="alibi", kernel="flex").float()
-    sdpa = MultiHeadAttention(32, 2, position="alibi", kernel="sdpa").float()
+    flex, cfg = attention_layer(32, 2, position="alibi", attention="flex")
+    sdpa, sdpa_cfg = attention_layer(32, 2, position="alibi", attention="sdpa")
+    flex, sdpa = flex.float(), sdpa.float()
     sdpa.load_state_dict(flex.state_dict())
     x = torch.randn(2, 9, 32, dtype=torch.float32)
     masks = _documents_and_padding(2, 9)
-    a, b = flex(x, causal=True, **masks)[0], sdpa(x, causal=True, **masks)[0]
+    a, b = self_attend(flex, cfg, x, **masks), self_attend(sdpa, sdpa_cfg, x, **masks)
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     a.sum().backward()
     assert flex.qkv.weight.grad is not None
 
 
-def test_segments_are_refused_with_a_cache_or_a_context():
-    mha = MultiHeadAttention(8, 2)
-    x, segments = torch.randn(1, 4, 8), torch.zeros(1, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match="segments are for self-attention"):
-        mha(x, context=torch.randn(1, 3, 8), segments=segments)
+def test_attention_names_no_position_scheme_and_reads_like_the_notes():
+    # A new scheme is a new part in lm.position: attention never branches on a scheme's name.
+    import ast
+    import inspect
+    import re
+    from pathlib import Path
+
+    import lm.attention
+    from lm.attention import MultiHeadAttention
+    from lm.position import POSITIONS
+
+    texts = []  # every string, name and attribute of the module: its code and docstrings
+    for node in ast.walk(ast.parse(Path(lm.attention.__file__).read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts.append(node.value)
+        texts += [getattr(node, "id", ""), getattr(node, "attr", "")]
+    words = {w.lower() for text in texts for w in re.findall(r"[A-Za-z]+", text)}
+    assert not words & {*POSITIONS, "alibi", "rotary", "sinusoids"}
+    forward = inspect.signature(MultiHeadAttention.forward).parameters
+    assert list(forward) == ["self", "x", "plan", "cache"]
+    assert len(inspect.getsource(MultiHeadAttention.forward).splitlines()) <= 40

@@ -96,10 +96,11 @@ def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsy
     trained_model = load_evaluated(run).model
     extended = load_evaluated(run, rope_scaling="yarn:2").model
     assert extended.config.rope_scaling == "yarn:2" and extended.config.context_length == 32
-    assert extended.blocks[0].attn.rope == Rope(16, method="yarn", factor=2.0, context=32)
+    assert extended.blocks[0].attn.position.rope == Rope(16, method="yarn", factor=2.0, context=32)
     weights = trained_model.state_dict()
     assert all(torch.equal(t, weights[k]) for k, t in extended.state_dict().items())
-    assert not torch.equal(extended.rope.cos, trained_model.rope.cos)
+    cos = [m.blocks[0].attn.position.cos for m in (extended, trained_model)]
+    assert not torch.equal(*cos)
     capsys.readouterr()
     argv = ["sample", str(run), "--prompt", "def f", "--max-new-tokens", "8"]
     assert main([*argv, "--rope-scaling", "yarn:2"]) == 0

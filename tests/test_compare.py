@@ -17,9 +17,10 @@ from PIL import Image
 
 from lm.checkpoint import latest_checkpoint
 from lm.cli import main
-from lm.config import POSITIONS, ModelConfig
-from lm.diagnostics import attention_scores, draw_attention, score_by_offset
+from lm.config import ModelConfig
+from lm.diagnostics import draw_attention, score_by_offset
 from lm.model import TransformerLM
+from lm.position import POSITIONS
 
 SCHEMES = ("rope", "learned")  # learned has no vector past its trained length: the hard case
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
@@ -162,18 +163,30 @@ def test_attention_rows_sum_to_one_with_zeros_above_the_diagonal(sweep, tmp_path
 
 @pytest.mark.parametrize("position", POSITIONS)
 def test_the_scores_averaged_by_offset_are_what_the_softmax_sees(position):
+    # The pictures' S + M, through softmax, are the weights the model's own forward pass (fused
+    # kernel) used: A V, through W_O, gives each layer's actual output.
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=40, context_length=16, n_layer=2, n_head=2, d_model=16, position=position
     )
     model = TransformerLM(cfg).eval()
     ids = torch.randint(0, 40, (3, 16))
+    seen = []
+    hooks = [
+        b.attn.register_forward_hook(lambda m, args, y: seen.append((args[0], y)))
+        for b in model.blocks
+    ]
+    with torch.no_grad():
+        model(ids)
+    for hook in hooks:
+        hook.remove()
     future = torch.ones(16, 16, dtype=torch.bool).triu(1)
-    for scores, weights in zip(
-        attention_scores(model, ids), model.attention_maps(ids), strict=True
-    ):
-        expected = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        torch.testing.assert_close(expected, weights, rtol=1e-5, atol=1e-6)
+    maps = model.attention_weights(ids)
+    for block, (scores, weights), (x, y) in zip(model.blocks, maps, seen, strict=True):
+        assert torch.isinf(scores[..., future]).all() and torch.isfinite(scores[..., ~future]).all()
+        v = block.attn.project(x)[2]  # (B, H, T, d_k)
+        ours = block.attn.out((weights @ v).transpose(1, 2).flatten(2))
+        torch.testing.assert_close(ours, y, rtol=1e-5, atol=1e-6)
 
 
 def test_position_pictures(sweep, tmp_path):

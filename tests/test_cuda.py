@@ -14,16 +14,18 @@ import torch
 from _support import (
     assert_bf16_step_matches_fp32,
     assert_padding_is_invisible,
+    attention_layer,
     metrics,
+    self_attend,
     tiny_config,
 )
 
-from lm.attention import MultiHeadAttention
+from lm.cache import KVCache
 from lm.checkpoint import complete_checkpoints
 from lm.config import DataConfig, ModelConfig
 from lm.data import TokenizedSplit
 from lm.evaluate import evaluate
-from lm.model import KVCache, TransformerLM, loss_sum
+from lm.model import TransformerLM, loss_sum
 from lm.runtime import autocast_context, compile_model
 from lm.sample import generate
 from lm.train import train
@@ -58,15 +60,16 @@ def test_fused_attention_equals_the_notes_explicit_attention(dtype, position, ca
     # bf16 is where CUDA picks the flash and memory-efficient kernels; the reference is the
     # explicit softmax in fp32 on the same (bf16-rounded) weights and inputs.
     torch.manual_seed(1)
-    fused = MultiHeadAttention(64, 4, position=position, kernel="sdpa").to(CUDA, dtype)
-    explicit = MultiHeadAttention(64, 4, position=position, kernel="math").to(CUDA)
+    fused, cfg = attention_layer(64, 4, position=position, attention="sdpa")
+    explicit, explicit_cfg = attention_layer(64, 4, position=position, attention="math")
+    fused, explicit = fused.to(CUDA, dtype), explicit.to(CUDA)
     explicit.load_state_dict({k: v.float() for k, v in fused.state_dict().items()})
     x = torch.randn(3, 40, 64, device=CUDA).to(dtype)
     tol = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
     with torch.no_grad():
         for key_mask in (None, _padding(3, 40)):
-            a = fused(x, key_mask=key_mask, causal=causal)[0]
-            b = explicit(x.float(), key_mask=key_mask, causal=causal)[0]
+            a = self_attend(fused, cfg, x, key_mask=key_mask, causal=causal)
+            b = self_attend(explicit, explicit_cfg, x.float(), key_mask=key_mask, causal=causal)
             assert a.dtype == dtype and torch.isfinite(a).all()
             torch.testing.assert_close(a.float(), b, **tol)
 
@@ -149,7 +152,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
 ):
     # Compiled for a GPU, the sdpa kernel sends document masks and ALiBi to FlexAttention (no
     # T x T mask tensor); loss and gradients equal the eager model's SDPA-with-a-mask.
-    import lm.attention as attention
+    import lm.plan
 
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
     torch.manual_seed(0)
@@ -160,7 +163,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
     ids = torch.randint(0, cfg.vocab_size, (3, L + 1), device=CUDA)
     segments = (torch.arange(L, device=CUDA) >= L // 3).long().expand(3, -1).contiguous()
     losses = [loss_sum(eager(ids[:, :-1], segment_ids=segments), ids[:, 1:])]
-    monkeypatch.setattr(attention, "_allowed", None)  # a T x T mask tensor would fail here
+    monkeypatch.setattr(lm.plan, "_allowed", None)  # a T x T mask tensor would fail here
     compiled = compile_model(twin, CUDA)
     losses.append(loss_sum(compiled(ids[:, :-1], segment_ids=segments), ids[:, 1:]))
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)

@@ -19,8 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm.cli import main
 from lm.hf import TARGETS, mpt_slopes
-from lm.model import positions_from_mask
-from lm.position import alibi_slopes
+from lm.position import alibi_slopes, positions_from_mask
 from lm.runs import load_run
 from lm.sample import generate
 from lm.tokenizer import train_tokenizer
@@ -223,7 +222,7 @@ def test_biased_and_untied_models_export_and_return_exactly(model, tmp_path):
         # Untied, E is used only as E * sqrt(d), which is what the export holds: that product
         # comes back bit for bit (E itself may differ in its last bit: the product is not
         # one-to-one in floats).
-        scale = run.model.embed_scale
+        scale = run.model.pos_embed.scale
         assert torch.equal(theirs.pop("embed.weight") * scale, ours.pop("embed.weight") * scale)
     for name, tensor in ours.items():
         assert torch.equal(theirs[name], tensor), name

@@ -1,11 +1,15 @@
 """The decoder-only LM: causality, padding invariance, initialisation, parameter count."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from _support import assert_padding_is_invisible
 
-from lm.config import POSITIONS, ModelConfig
-from lm.model import PositionOutOfRange, TransformerLM
+from lm.config import ModelConfig
+from lm.model import TransformerLM
+from lm.position import POSITIONS, PositionOutOfRange
 
 
 def tiny(position="rope", **kw) -> TransformerLM:
@@ -102,14 +106,15 @@ def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
     model = tiny("sinusoidal", n_layer=1)
     from lm.position import sinusoidal_table
 
-    torch.testing.assert_close(model.sinusoids, sinusoidal_table(16, 16))
+    torch.testing.assert_close(model.pos_embed.table, sinusoidal_table(16, 16))
 
 
 @pytest.mark.parametrize("position", ["alibi", "rope"])
 def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_path(
     position, monkeypatch
 ):
-    import lm.attention as attention
+    import lm.plan
+    from lm.position import Alibi
 
     fused = tiny(position, n_layer=3)
     explicit = tiny(position, n_layer=3, attention="math")
@@ -118,14 +123,14 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     key_mask[1, :3] = False  # left padding
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
     calls = {"alibi_bias": 0, "_allowed": 0}
-    for name in calls:
-        real = getattr(attention, name)
+    for owner, name, counter in ((Alibi, "score", "alibi_bias"), (lm.plan, "_allowed", "_allowed")):
+        real = getattr(owner, name)
 
-        def counted(*args, _real=real, _name=name, **kw):
+        def counted(*args, _real=real, _name=counter, **kw):
             calls[_name] += 1
             return _real(*args, **kw)
 
-        monkeypatch.setattr(attention, name, counted)
+        monkeypatch.setattr(owner, name, counted)
     with torch.no_grad():
         a = fused(ids, key_mask=key_mask, segment_ids=segments)
         assert calls == {"alibi_bias": int(position == "alibi"), "_allowed": 1}  # not per layer
@@ -138,7 +143,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
 def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_path(
     position, monkeypatch
 ):
-    import lm.attention as attention
+    import lm.plan
 
     flex = tiny(position, n_layer=3, attention="flex")
     explicit = tiny(position, n_layer=3, attention="math")
@@ -146,9 +151,9 @@ def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_p
     key_mask = torch.ones(2, 10, dtype=torch.bool)
     key_mask[1, :3] = False  # left padding
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
-    built, real_parts = [], attention._flex_parts
-    monkeypatch.setattr(attention, "_flex_parts", lambda *a: built.append(1) or real_parts(*a))
-    monkeypatch.setattr(attention, "_allowed", None)  # no T x T mask tensor may be made
+    built, real_parts = [], lm.plan.create_block_mask
+    monkeypatch.setattr(lm.plan, "create_block_mask", lambda *a: built.append(1) or real_parts(*a))
+    monkeypatch.setattr(lm.plan, "_allowed", None)  # no T x T mask tensor may be made
     with torch.no_grad():
         a = flex(ids, key_mask=key_mask, segment_ids=segments)
         assert len(built) == 1  # shared by the three layers
@@ -174,3 +179,20 @@ def test_rope_without_an_extension_is_the_plain_model_bit_for_bit(setting):
         plain = tiny("rope")
         assert torch.equal(tiny("rope", **setting)(ids), plain(ids))
         assert torch.equal(tiny("rope", **setting)(ids[:, :16]), plain(ids[:, :16]))
+
+
+BEFORE = Path(__file__).parent / "golden" / "runs_before_plan"
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_a_run_saved_before_the_plan_loads_and_gives_its_logits(position):
+    # Tiny runs trained by lm at 800e6a4, before the forward pass took its shape of position
+    # parts and one plan per pass (state dict names, configs without the newer keys), with the
+    # logits that code gave on two fixed windows.
+    from lm.runs import load_run
+
+    run = load_run(BEFORE / position)
+    expected = json.loads((BEFORE / "logits.json").read_text())[position]
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [8, 7, 6, 5, 4, 3, 2, 1]])
+    with torch.no_grad():
+        torch.testing.assert_close(run.model(ids), torch.tensor(expected), atol=1e-5, rtol=1e-5)

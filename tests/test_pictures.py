@@ -150,7 +150,7 @@ def test_positions_names_what_it_plots(tmp_path, position):
     with mock.patch.object(plots, "score_by_offset") as draw:
         score_by_offset(run, tmp_path / "s.png", windows=1)
     ylabel = draw.call_args.kwargs["ylabel"]
-    assert ("ALiBi bias" in ylabel) == (position == "alibi"), ylabel
+    assert ("alibi bias" in ylabel) == (position == "alibi"), ylabel
 
 
 def test_drawing_prints_no_warning(tmp_path):

@@ -4,22 +4,34 @@ import math
 
 import pytest
 import torch
+from _support import attention_layer, self_attend
 
-from lm.attention import MultiHeadAttention
+from lm.config import ModelConfig
 from lm.position import (
+    Alibi,
     Rope,
-    RopeCache,
-    alibi_bias,
+    Rotary,
     alibi_slopes,
-    apply_rope,
     ntk_base,
     positions_from_mask,
     positions_from_segments,
     rope_frequencies,
+    rotate_pairs,
     sinusoidal_table,
     yarn_attention_factor,
     yarn_frequencies,
 )
+
+
+def apply(rope: Rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``rope`` on queries or keys ``x [..., L, d_k]`` at positions ``[L]`` or ``[B, L]``."""
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return rotate_pairs(x, *rope.cos_sin(positions, dtype))
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The notes' RoPE."""
+    return apply(Rope(x.shape[-1]), x, positions)
 
 
 def test_sinusoid_table_matches_the_formula():
@@ -74,18 +86,22 @@ def test_rope_batch_positions_match_per_row_positions():
 
 def test_rope_is_applied_to_queries_and_keys_not_values():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 1, position="rope", kernel="math")
+    mha, cfg = attention_layer(8, 1, position="rope", attention="math")
     x = torch.randn(1, 1, 8)
     # One token attends only to itself: weight 1, so the output is W_O v whatever the rotation.
-    y, _ = mha(x, positions=torch.tensor([37]))
-    y0, _ = mha(x, positions=torch.tensor([0]))
+    y = self_attend(mha, cfg, x, positions=torch.tensor([37]))
+    y0 = self_attend(mha, cfg, x, positions=torch.tensor([0]))
     torch.testing.assert_close(y, y0)
 
 
 def test_alibi_slopes_and_bias():
+    from lm.plan import build_plan
+
     torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     assert alibi_slopes(6).shape == (6,)
-    b = alibi_bias(alibi_slopes(2), torch.arange(3), torch.arange(3))
+    cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
+    plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
+    b = Alibi(cfg).prepare(plan).bias  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
 
@@ -129,7 +145,7 @@ def test_pi_at_factor_s_is_plain_rope_at_positions_m_over_s():
     torch.manual_seed(0)
     x, m = torch.randn(2, 3, 10, 8), torch.arange(10)
     for s in (2.0, 4.0, 2.5):
-        pi = Rope(8, method="pi", factor=s).apply(x, m)
+        pi = apply(Rope(8, method="pi", factor=s), x, m)
         assert torch.equal(pi, apply_rope(x, m.double() / s))
 
 
@@ -169,7 +185,7 @@ def test_yarn_multiplies_the_logits_by_its_temperature():
     q, k = torch.randn(1, 8).double(), torch.randn(1, 8).double()
     yarn = Rope(8, method="yarn", factor=s, context=64)
     zero = torch.tensor([0])  # every angle is 0 there: only the temperature is left
-    score = (yarn.apply(q, zero) * yarn.apply(k, zero)).sum().item()
+    score = (apply(yarn, q, zero) * apply(yarn, k, zero)).sum().item()
     assert math.isclose(score, (0.1 * math.log(s) + 1) ** 2 * (q * k).sum().item(), rel_tol=1e-12)
 
 
@@ -185,7 +201,7 @@ def test_factor_1_is_the_notes_rope_exactly(method):
 def test_partial_rope_rotates_the_first_pairs_only():
     torch.manual_seed(0)
     x = torch.randn(5, 8).double()
-    out = Rope(8, pairs=2).apply(x, torch.arange(5) * 7)
+    out = apply(Rope(8, pairs=2), x, torch.arange(5) * 7)
     assert torch.equal(out[:, 4:], x[:, 4:])  # pairs 2 and 3 unrotated
     # The rotated pairs span the whole range of frequencies over their own width d = 4.
     torch.testing.assert_close(out[:, :4], apply_rope(x[:, :4], torch.arange(5) * 7))
@@ -201,7 +217,7 @@ def test_every_extension_keeps_scores_a_function_of_the_offset(rope):
 
     def score(l, s):
         return (
-            rope.apply(q[None], torch.tensor([l]))[0] @ rope.apply(k[None], torch.tensor([s]))[0]
+            apply(rope, q[None], torch.tensor([l]))[0] @ apply(rope, k[None], torch.tensor([s]))[0]
         ).item()
 
     for l, s in [(1, 3), (0, 7), (5, 2)]:
@@ -212,10 +228,23 @@ def test_every_extension_keeps_scores_a_function_of_the_offset(rope):
 
 
 def test_the_cache_equals_the_angles_computed_at_any_length():
-    rope = Rope(8, method="yarn", factor=2.0, context=16)
-    cache = RopeCache(rope, 16)
+    import dataclasses
+
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(
+        d_model=16, n_head=2, context_length=16, rope_scaling="yarn:2", rope_original_context=16
+    )
+    rope, part = Rope(8, method="yarn", factor=2.0, context=16), Rotary(cfg)
+    assert part.rope == rope
+
+    def angles(positions, end):
+        plan = build_plan(cfg, torch.zeros(2, 1, dtype=torch.long))
+        plan = dataclasses.replace(plan, positions=positions, end=end)
+        return part.prepare(plan).rotation
+
     inside = torch.tensor([[0, 4, 15], [1, 1, 2]])
-    assert same(cache(inside, 16), rope.cos_sin(inside))
+    assert same(angles(inside, 16), rope.cos_sin(inside))
     beyond = torch.arange(40)
-    assert same(cache(beyond, 40), rope.cos_sin(beyond))
-    assert "cos" not in cache.state_dict()  # recomputed, never saved in checkpoints
+    assert same(angles(beyond, 40), rope.cos_sin(beyond))
+    assert "cos" not in part.state_dict()  # recomputed, never saved in checkpoints

@@ -63,7 +63,7 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
 
 
 def test_kv_cache_logits_equal_full_forward():
-    from lm.model import KVCache
+    from lm.cache import KVCache
 
     for position in ("rope", "sinusoidal", "learned", "alibi", "none"):
         model = random_model(position)
@@ -77,16 +77,17 @@ def test_kv_cache_logits_equal_full_forward():
 
 
 def test_kv_cache_continues_each_row_and_refuses_to_overflow():
-    from lm.model import KVCache
+    from lm.cache import KVCache
 
     model = random_model("alibi")
     mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
     cache = KVCache(model, 2, 6)
-    positions, _, _ = cache.extend(mask)
+    positions = cache.extend(mask)
     assert positions.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
     # Each row goes on counting its own real tokens: 2 in the left-padded row, 4 in the other.
-    positions, key_mask, key_positions = cache.extend(torch.ones(2, 1, dtype=torch.bool))
+    positions = cache.extend(torch.ones(2, 1, dtype=torch.bool))
     assert positions.tolist() == [[2], [4]] and cache.length == 5
+    key_mask, key_positions = cache.key_mask[:, :5], cache.key_positions[:, :5]
     assert key_mask.tolist() == [[False, False, True, True, True], [True] * 5]
     assert key_positions.tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
     with pytest.raises(ValueError, match="holds 6 slots; 7 requested"):
@@ -157,7 +158,7 @@ def test_a_row_that_ends_early_leaves_the_others_decoding():
     ids=str,
 )
 def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(extension):
-    from lm.model import KVCache
+    from lm.cache import KVCache
 
     model = random_model("rope", **extension)
     ids = torch.randint(1, 30, (2, 10))
