@@ -16,11 +16,10 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lm.config import ModelConfig
-from lm.kernels import attend, attention
+from lm.kernels import attend
 from lm.position import attention_part
 
 if TYPE_CHECKING:
@@ -77,14 +76,3 @@ class MultiHeadAttention(nn.Module):
             s = s.masked_fill(~plan.mask, float("-inf"))
         # A query with no key to read has every score blocked (the kernels let it read all).
         return s if plan.empty is None else s.masked_fill(plan.empty, float("-inf"))
-
-    def cross(self, x: torch.Tensor, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention (notes, "Cross-attention gets queries and context from different
-        sequences"): ``Q = X W_Q^T``, ``K = C W_K^T``, ``V = C W_V^T``, no mask and no
-        positions. Returns ``Y [B, Lq, d]`` and the weights ``A [B, H, Lq, Lc]``."""
-        d, w, b = x.shape[-1], self.qkv.weight, self.qkv.bias
-        q = F.linear(x, w[:d], None if b is None else b[:d])
-        kv = F.linear(context, w[d:], None if b is None else b[d:]).split(d, dim=-1)
-        q, k, v = (t.unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2) for t in (q, *kv))
-        y, weights = attention(q, k, v)  # (B, H, Lq, d_k), (B, H, Lq, Lc)
-        return self.out(y.transpose(1, 2).flatten(2)), weights

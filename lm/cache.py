@@ -57,9 +57,7 @@ class KVCache:
         self.length = end
         return positions
 
-    def store(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Write one layer's new keys and values ``[B, H, T, d_k]`` into this pass's slots;
         return that layer's keys and values of every slot, ``[B, H, capacity, d_k]``."""
         self.k[layer].index_copy_(2, self._new, k.to(self.k.dtype))

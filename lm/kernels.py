@@ -1,16 +1,9 @@
-"""``Y = softmax_row(S + M) V``, three ways, held equal to float tolerance by the tests:
-
-- ``math``: the notes' formula written out (:func:`attention`), with the notes' additive causal
-  mask (:func:`causal_mask`); it is also what draws the attention pictures.
-- SDPA: ``torch.nn.functional.scaled_dot_product_attention``. Plain causal attention takes its
-  mask-free causal path (flash on GPUs); otherwise it takes the mask as a tensor.
-- FlexAttention: ``torch.nn.attention.flex_attention``, the mask as a block mask (blocks wholly
-  blocked are skipped) and a score bias as a function of (batch, head, query, key), so no
-  ``T x T`` tensor exists. Run eagerly, the attention call alone is compiled. On CPU, PyTorch's
-  FlexAttention has no backward pass.
-
-Which one runs, and the mask in the form it takes, is decided once per forward pass
-(:mod:`lm.plan`).
+"""``Y = softmax_row(S + M) V``, three ways, held equal to float tolerance by the tests: the
+notes' formula written out (:func:`attention`, with the notes' :func:`causal_mask`); SDPA, whose
+mask-free causal path is flash attention on GPUs; and FlexAttention, which takes the mask as a
+block mask (wholly blocked blocks are skipped) and a score bias as a function of (batch, head,
+query, key), so no ``T x T`` tensor exists. Which one runs, and the mask in the form it takes,
+is decided once per forward pass (:mod:`lm.plan`).
 """
 
 from __future__ import annotations

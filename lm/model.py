@@ -70,10 +70,9 @@ class TransformerLM(nn.Module):
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
-        # The parts that prepare what layers share: the first of each kind speaks for the rest,
-        # which are built from the same config (a plain list: the layers own them).
-        parts = [block.attn.position for block in self.blocks]
-        self._sharing = list({type(p): p for p in reversed(parts)}.values())
+        # What the layers share is prepared by the first part of each kind, for all of its kind.
+        parts = [block.attn.position for block in reversed(self.blocks)]
+        self._sharing = list({type(p): p for p in parts}.values())  # a list: the layers own them
         self.apply(self._init_weights)
         # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
         # whatever the depth.

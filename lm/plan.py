@@ -1,8 +1,7 @@
 """What every attention layer of one forward pass shares, built once by the model: where each
 query and key sits, which keys each query may read (causality, documents, padding) in the form
-the chosen kernel takes, and what the position scheme adds (RoPE's angles, a score bias).
-
-A mask is a boolean tensor (True = may attend; its causal part is the notes' causal mask) or, for
+the chosen kernel takes, and what the position scheme adds (RoPE's angles, a score bias). A
+mask is a boolean tensor (True = may attend; its causal part is the notes' causal mask) or, for
 FlexAttention, a block mask; a score bias is added to the mask tensor (-inf where blocked) or
 given to FlexAttention as a score function. A query row whose every key is blocked (left padding
 makes such rows) reads every key instead and is zeroed afterwards, so no kernel sees an empty
@@ -120,8 +119,8 @@ def build_plan(
     chosen = _kernel(kernel or config.attention, device, causal, masked or biased, cache, dropout)
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
-    where = dict(positions=positions, key_positions=key_positions, end=first + T)
-    common = dict(where, batch=input_ids.shape[0], heads=config.n_head, kernel=chosen, dtype=dtype)
+    common = dict(positions=positions, key_positions=key_positions, end=first + T, dtype=dtype)
+    common.update(batch=input_ids.shape[0], heads=config.n_head, kernel=chosen)
     if chosen == "flex":
         return Plan(**common, mask=_block_mask(key_mask, segments, causal, T, device), empty=None)
     if chosen == "causal":
@@ -138,10 +137,9 @@ def _kernel(
     cache: KVCache | None,
     dropout: float,
 ) -> str:
-    """The kernel for this pass. FlexAttention only for self-attention without a KV cache or
-    attention dropout (it has none), and not when gradients are needed on CPU (no backward);
-    with ``sdpa``, only inside a model compiled for a GPU, and only when there is a mask or a
-    bias to apply: on CPU it measured no faster than SDPA with a mask (README, "Masked
+    """The kernel for this pass. FlexAttention needs no KV cache, no attention dropout, and a
+    backward pass where gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a
+    bias in a model compiled for a GPU (on CPU it measured no faster: README, "Masked
     attention")."""
     if setting == "math":
         return "math"

@@ -5,14 +5,10 @@ The notes give two ways a position enters a transformer, "add position features,
 query/key features using their positions"; ALiBi adds a third, a bias on the scores. Each scheme
 is one small part that says where it acts:
 
-==================  ==========================  ============================================
-acts on             scheme                      what it does
-==================  ==========================  ============================================
-embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
-queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
-scores              ``alibi``                   ``S_lj - m_h |l - j|``
-nothing             ``none``                    only the causal mask orders the tokens
-==================  ==========================  ============================================
+- embeddings (``sinusoidal``, ``learned``): ``x_l = E[w_l] + p_l``;
+- queries and keys (``rope``): pair i of ``q_l`` and ``k_l`` rotated by ``l theta_i``;
+- scores (``alibi``): ``S_lj - m_h |l - j|``;
+- nothing (``none``): only the causal mask orders the tokens.
 
 A part overrides only the hooks of its place, and the model and attention call every hook
 without asking which scheme they hold: ``embed`` (the model, once, on ``E[w]``), ``prepare``
@@ -236,17 +232,10 @@ class Rope:
             raise ValueError(f"RoPE rotates pairs of features; got an odd width {self.head_dim}")
 
     @classmethod
-    def of(cls, config: ModelConfig) -> Rope:
+    def of(cls, c: ModelConfig) -> Rope:
         """RoPE's angles as a model config sets them."""
-        pairs = None if config.rope_fraction == 1.0 else config.rope_pairs
-        return cls(
-            config.head_dim,
-            config.rope_base,
-            pairs,
-            config.rope_method,
-            config.rope_factor,
-            config.rope_context,
-        )
+        pairs = None if c.rope_fraction == 1.0 else c.rope_pairs
+        return cls(c.head_dim, c.rope_base, pairs, c.rope_method, c.rope_factor, c.rope_context)
 
     @property
     def extended(self) -> bool:

@@ -97,16 +97,23 @@ def test_causal_mask_makes_output_independent_of_the_future_and_breaks_equivaria
 
 
 def test_cross_attention_shapes_and_self_attention_as_special_case():
+    # CA(X, C): queries from X, keys and values from C, with the layer's own W_Q, W_K, W_V, W_O.
     torch.manual_seed(0)
     mha, cfg = attention_layer(8, 2, position="none")
     x, c = torch.randn(2, 3, 8), torch.randn(2, 7, 8)
-    y, w = mha.cross(x, c)
+
+    def cross(x, c):
+        q, k, v = mha.project(x)[0], *mha.project(c)[1:]  # (B, H, L, d_k)
+        y, w = attention(q, k, v)
+        return mha.out(y.transpose(1, 2).flatten(2)), w
+
+    y, w = cross(x, c)
     assert y.shape == (2, 3, 8)
     assert w.shape == (2, 2, 3, 7)  # L_q x L_c weights per head
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 2, 3))
     for kernel in ("sdpa", "math"):
         unmasked = self_attend(mha, cfg, x, causal=False, kernel=kernel)
-        torch.testing.assert_close(mha.cross(x, x)[0], unmasked)
+        torch.testing.assert_close(cross(x, x)[0], unmasked)
     q = torch.randn(4, 3)
     kk, vv = torch.randn(7, 3), torch.randn(7, 5)
     y1, w1 = attention(q, kk, vv)
