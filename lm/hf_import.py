@@ -8,6 +8,7 @@ one line naming the first mismatch (lm.hf). An ``lm export`` folder comes back b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from lm.config import (
 )
 from lm.export import LM_CONFIG, built_folder, check_output, require_transformers
 from lm.hf import from_hf, model_shape
+from lm.hf_rope import rope_parameters
 from lm.model import TransformerLM
 from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, provenance
 from lm.tokenizer import TextTokenizer
@@ -124,11 +126,15 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+_ROPE_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
+
+
 def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
     """The run's config: the model from the weights; data and train sections, and what the
     weights do not say (the trained context of a scheme with no table, dropout, the attention
-    kernel), from the ``lm_config.yaml`` an export leaves, when it matches the weights;
-    otherwise defaults, with the run's own tokenizer."""
+    kernel, how the run spelled its RoPE settings: ``ntk:4`` over base 10000 rather than the
+    base it exports as), from the ``lm_config.yaml`` an export leaves, when it matches the
+    weights; otherwise defaults, with the run's own tokenizer."""
     path = hf_dir / LM_CONFIG
     if path.is_file():
         try:
@@ -148,6 +154,15 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
             if keys["position"] != "learned":
                 kept["context_length"] = saved.model.context_length
-            return saved.replace(model=ModelConfig(**{**keys, **kept}))
+            model = ModelConfig(**{**keys, **kept})
+            if model.position == "rope":
+                spelled = {key: getattr(saved.model, key) for key in _ROPE_KEYS}
+                try:
+                    as_saved = dataclasses.replace(model, **spelled)
+                except ConfigError:  # a config of another shape: not this model's spelling
+                    as_saved = model
+                if rope_parameters(as_saved) == rope_parameters(model):  # the same angles
+                    model = as_saved
+            return saved.replace(model=model)
     data = DataConfig(tokenizer=str((out / TOKENIZER).resolve()))
     return Config(model=ModelConfig(**keys), data=data)
