@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from lm.config import LMError, ModelConfig
 from lm.hf import ARCHITECTURES, HFModel, to_hf
 from lm.hf_rope import rope_parameters
-from lm.runs import CONFIG, PROVENANCE, LoadedRun, load_run
+from lm.runs import CONFIG, PROVENANCE, LoadedRun, check_out_dir, load_run, refuse_overlap
 from lm.tokenizer import EOD, PAD, UNK, TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -78,10 +78,13 @@ def built_folder(out: Path, what: str) -> Iterator[Path]:
     """A temporary folder beside ``out`` to write ``what`` into; it takes ``out``'s place only
     once the block has finished (the old folder goes last). On failure nothing of it stays, and
     an OS error (disk full, no permission) is one line naming ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise LMError(f"{out}: could not write the {what} ({e.strerror or e})") from None
     try:
         yield tmp
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -144,8 +147,9 @@ def export_run(
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise LMError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    if out.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(out.resolve()):
-        raise LMError(f"{out}: would replace the run itself; choose another --out")
+    check_out_dir(out)
+    named = Path(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+    refuse_overlap(out, {"the run": run_dir, "the checkpoint": named})
     check_output(out, overwrite)
     if (
         overwrite

@@ -32,7 +32,15 @@ from lm.export import LM_CONFIG, built_folder, check_output, require_transformer
 from lm.hf import from_hf, model_shape
 from lm.hf_rope import rope_parameters
 from lm.model import TransformerLM
-from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, provenance
+from lm.runs import (
+    CONFIG,
+    METRICS,
+    PROVENANCE,
+    TOKENIZER,
+    check_out_dir,
+    provenance,
+    refuse_overlap,
+)
 from lm.tokenizer import TextTokenizer
 
 
@@ -42,6 +50,8 @@ def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False
     where = str(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise LMError(f"{hf_dir}: not a Hugging Face model folder (no config.json)")
+    check_out_dir(out)
+    refuse_overlap(out, {"the model folder": hf_dir})
     check_output(out, overwrite)
     if overwrite and out.is_dir() and any(out.iterdir()) and not _is_run(out):
         raise LMError(f"{out}: not an lm run (no config.yaml); not replaced")

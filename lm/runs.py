@@ -251,6 +251,32 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def refuse_overlap(
+    out: str | Path, inputs: dict[str, str | Path | None], flag: str = "--out"
+) -> None:
+    """Refuse, before anything is touched, an output folder that is an input too (any spelling
+    of the same folder: a trailing slash, ``..``, a symbolic link) or holds one: writing or
+    replacing it would delete what the same command reads. ``inputs``: flag -> path."""
+    for name, path in inputs.items():
+        if path is not None and _same_or_inside(Path(path), Path(out)):
+            where = "is" if _same_or_inside(Path(out), Path(path)) else "holds"
+            raise LMError(
+                f"{flag} {out}: {where} {name} {path}, which this command reads; writing it "
+                f"would delete it; choose another {flag}"
+            )
+
+
+def _same_or_inside(inner: Path, outer: Path) -> bool:
+    """``inner`` is ``outer`` or lies inside it, however either is spelled."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if inner == outer or outer in inner.parents:
+        return True
+    if not outer.exists():
+        return False
+    # The same folder under two names resolve() cannot join (a bind mount, a hard link).
+    return any(p.exists() and os.path.samefile(p, outer) for p in (inner, *inner.parents))
+
+
 def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
     """``--checkpoint`` as a path, or as the name of one of the run's checkpoints
     (``step_00000030``)."""
@@ -425,6 +451,19 @@ def init_weights_from(
             "step": read_state(folder)["step"],
         }
         path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def check_has_optimizer(run_dir: Path, checkpoint: Path, state: dict[str, Any]) -> None:
+    """``--resume`` continues the optimizer too: a checkpoint of weights alone (an imported run)
+    has nothing to continue, and a new run starts from its weights instead."""
+    if "optimizer.safetensors" in state.get("sha256", {}):
+        return
+    origin = state.get("imported_from")
+    what = f"was imported from {origin}" if origin else f"holds weights only ({checkpoint.name})"
+    raise LMError(
+        f"{run_dir}: {what} and has no optimizer state, so --resume has nothing to continue; "
+        f"start a new run from its weights: lm train CONFIG --init-from {run_dir} --out NEW_RUN"
+    )
 
 
 def check_resumable(saved: Config, config: Config) -> None:

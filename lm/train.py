@@ -56,9 +56,11 @@ from lm.runs import (
     METRICS,
     TOKENIZER,
     RunLock,
+    check_has_optimizer,
     check_resumable,
     clear_run,
     init_weights_from,
+    refuse_overlap,
     refuse_to_clobber,
     resume_checkpoint,
     short_validation,
@@ -104,6 +106,7 @@ def train(
     own); ``lm.runs.config_for_init`` makes the config fit them first.
     """
     run_dir = Path(run_dir)
+    refuse_overlap(run_dir, {"--init-from": init_from})  # before anything is touched
     check_board(config.train.tensorboard)
     device, world = _join(config)
     lock = RunLock(run_dir)
@@ -193,6 +196,7 @@ def _prepare_run(
     saved: dict[str, Any] = {}
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
+        check_has_optimizer(run_dir, checkpoint, saved)
         check_resumable(load_config(run_dir / CONFIG), config)
     elif world.is_main and (overwrite or resume):
         clear_run(run_dir)  # a fresh start: no lines of an earlier attempt stay in the log

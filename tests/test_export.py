@@ -7,6 +7,7 @@ on a left-padded batch, decode the same greedy tokens, and an import must return
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
@@ -485,3 +486,41 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
     # An existing run is never replaced without --overwrite.
     refused(capsys, ["import", str(tmp_path / "hf3"), "--out", str(rope)], "already exists")
     assert (rope / "config.yaml").is_file()
+
+
+def test_an_out_under_a_file_is_one_line(tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, position="rope")
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    for argv in (
+        ["export", str(run_dir), "--out", str(tmp_path / "file" / "hf")],
+        ["import", str(tmp_path / "hf"), "--out", str(tmp_path / "file" / "run")],
+    ):
+        refused(capsys, argv, "--out", "sits under", "a file")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_nothing_replaces_the_folder_it_reads(tmp_path, capsys):
+    """Import into its own source, or into a folder above it; export over a folder holding its
+    checkpoint: refused before anything is read or replaced."""
+    run_dir = untrained_run(tmp_path, position="rope")
+    hf = tmp_path / "exports" / "hf"
+    assert main(["export", str(run_dir), "--out", str(hf)]) == 0
+    before = {p: p.read_bytes() for p in hf.rglob("*") if p.is_file()}
+    for out in (hf, tmp_path / "exports" / "." / "hf", tmp_path / "exports"):
+        argv = ["import", str(hf), "--out", str(out), "--overwrite"]
+        refused(capsys, argv, f"--out {out}", "the model folder", "choose another --out")
+    assert {p: p.read_bytes() for p in hf.rglob("*") if p.is_file()} == before
+    checkpoint = tmp_path / "exports" / "kept" / "step_00000000"
+    shutil.copytree(next((run_dir / "checkpoints").iterdir()), checkpoint)
+    argv = [
+        "export",
+        str(run_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(checkpoint.parent),
+    ]
+    refused(capsys, [*argv, "--overwrite"], "holds the checkpoint", "choose another --out")
+    refused(capsys, ["export", str(run_dir), "--out", str(run_dir)], "is the run")
+    assert checkpoint.is_dir()
