@@ -189,8 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="override config keys for every run of the sweep",
     )
     c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
-    c.add_argument("--prompt", help="text every run continues (default: 'The for statement')")
-    c.add_argument("--max-new-tokens", type=positive_int, default=80)
+    c.add_argument(
+        "--prompt",
+        help="text every run continues (default: 'The for statement', or what the folder's "
+        "sweep.json records)",
+    )
+    c.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        help="length of each continuation (default: 80, or what sweep.json records)",
+    )
     c.add_argument(
         "--eval-lengths",
         type=_lengths,
