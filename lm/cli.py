@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
 from lm import __version__
 from lm.config import LMError
+from lm.distributed import launched_rank, met_alike
+
+LINGER_S = 5.0
+"""How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:
+torchrun ends every process once one fails, and rank 0 must say the line first."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -282,9 +288,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         init_from=args.init_from,
     )
-    if result.message:
-        print(f"lm: {result.message}", file=sys.stderr)
-    return {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
+    code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
+    if result.message:  # every process agreed on it: said once
+        _say(f"lm: {result.message}", shared=True, code=code)
+    return code
 
 
 def checked_text(text: str, where: str) -> str:
@@ -482,6 +489,21 @@ COMMANDS = {
 }
 
 
+def _say(line: str, shared: bool, code: int = 0) -> None:
+    """Write one line to standard error, said once per job: under torchrun a line every process
+    has alike (``shared``) is said by rank 0 alone, and the others, when they are to fail
+    (``code``), wait for it first; a line of one process names its rank."""
+    rank = launched_rank()
+    if rank and shared:
+        if code:
+            time.sleep(LINGER_S)
+        return
+    if rank:
+        line = f"lm: rank {rank}: {line.removeprefix('lm: ')}"
+    sys.stderr.write(line + "\n")  # one write: the lines of several processes do not interleave
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -490,11 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LMError as e:
-        print(f"lm: error: {one_line(str(e))}", file=sys.stderr)
+        _say(f"lm: error: {one_line(str(e))}", met_alike(e), 2)
         return 2
     except KeyboardInterrupt as e:
         said = f"; {one_line(str(e))}" if str(e) else ""  # e.g. what a sweep saved
-        print(f"lm: interrupted{said}", file=sys.stderr)
+        _say(f"lm: interrupted{said}", True, 130)  # a signal reaches every process
         return 130
     except BrokenPipeError:  # e.g. `lm sample ... | head`
         return 0

@@ -26,7 +26,12 @@ class LMError(Exception):
     """An error caused by the user's input; the CLI prints its message as one line, exit 2."""
 
 
-class ConfigError(LMError):
+class SharedError(LMError):
+    """An error every process of a ``torchrun`` job meets alike (they read the same command
+    line, config and files, or agreed on it): rank 0 alone says it."""
+
+
+class ConfigError(SharedError):
     """A config key is unknown, of the wrong type, or impossible together with another."""
 
 
@@ -343,6 +348,12 @@ class TrainConfig:
         _choice(s, "device", self.device, DEVICES)
         _choice(s, "dtype", self.dtype, DTYPES)
         _choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
+        if self.parallel == "fsdp" and self.dtype == "fp16":
+            # FSDP2's mixed precision has no gradient scaler to pair with fp16's narrow range.
+            raise ConfigError(
+                "train.dtype: fp16 cannot run sharded (train.parallel: fsdp); use bf16 or fp32, "
+                "or parallel: ddp"
+            )
         if self.parallel == "fsdp" and self.optimizer == "muon":
             # Muon orthogonalises whole matrices; FSDP gives each process a slice of rows.
             raise ConfigError(

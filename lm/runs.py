@@ -40,6 +40,7 @@ from lm.config import (
     ConfigError,
     LMError,
     ModelConfig,
+    SharedError,
     config_diff,
     load_config,
     save_config,
@@ -460,7 +461,7 @@ def check_has_optimizer(run_dir: Path, checkpoint: Path, state: dict[str, Any]) 
         return
     origin = state.get("imported_from")
     what = f"was imported from {origin}" if origin else f"holds weights only ({checkpoint.name})"
-    raise LMError(
+    raise SharedError(
         f"{run_dir}: {what} and has no optimizer state, so --resume has nothing to continue; "
         f"start a new run from its weights: lm train CONFIG --init-from {run_dir} --out NEW_RUN"
     )
