@@ -279,7 +279,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # A run started from another's weights resumes with that run's tokenizer, as it began.
     source = args.init_from or (recorded_init_from(run_dir) if args.resume else None)
     if source:
-        config = config_for_init(config, source)
+        notes = None if args.quiet else lambda line: _say(line, shared=True)
+        config = config_for_init(config, source, notes)
     result = train(
         config,
         run_dir,

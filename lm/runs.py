@@ -399,10 +399,13 @@ def recorded_init_from(run_dir: Path) -> str | None:
         return None
 
 
-def config_for_init(config: Config, source: str | Path) -> Config:
+def config_for_init(
+    config: Config, source: str | Path, log: Callable[[str], None] | None = None
+) -> Config:
     """``config`` made to start from ``source``'s weights: it tokenizes with ``source``'s
     tokenizer.json (the ids the weights know), and its model must fit them; checked here,
-    before any data is read."""
+    before any data is read. A tokenizer setting that this replaces, other than what the source
+    itself was trained with, gets a note through ``log``; config.yaml records what is used."""
     source = Path(source)
     saved, _ = _init_source(source)
     own = source / TOKENIZER
@@ -416,7 +419,21 @@ def config_for_init(config: Config, source: str | Path) -> Config:
             f"data.tokenizer: {named} is not the tokenizer of --init-from {source}; its "
             f"weights need {own} (leave data.tokenizer as char, byte or bpe, or name it)"
         )
-    config = config.replace(data=dataclasses.replace(config.data, tokenizer=str(own.resolve())))
+    if log is not None and named in BUILTIN_TOKENIZERS and named != saved.data.tokenizer:
+        vocab = saved.model.vocab_size
+        log(
+            f"lm: note: data.tokenizer: {named} is not used: --init-from {source} needs its own "
+            f"tokenizer ({own.resolve()}, {vocab} tokens), whose ids its weights know; "
+            "config.yaml records it"
+        )
+    if log is not None and config.data.vocab_size not in (None, saved.data.vocab_size):
+        log(
+            f"lm: note: data.vocab_size: {config.data.vocab_size} is not used: the tokenizer is "
+            "not trained anew"
+        )
+    # data.vocab_size sizes a tokenizer trained on the data; one read from a file has its own.
+    data = dataclasses.replace(config.data, tokenizer=str(own.resolve()), vocab_size=None)
+    config = config.replace(data=data)
     model_cfg = dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
     with torch.device("meta"):  # shapes only: no memory, no initialisation work
         _check_fits(source, saved.model, TransformerLM(model_cfg))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from _support import expect_error, metrics, tiny_config, varied_corpus, write_config
 
 import lm.train
@@ -168,3 +169,29 @@ def test_resume_of_an_imported_run_says_it_has_no_optimizer_state_and_records_no
     argv = ["train", str(imported / "config.yaml"), "--out", str(imported), "--resume"]
     expect_error(capsys, argv, "imported", "no optimizer state", f"--init-from {imported}")
     assert _snapshot(imported) == before  # run.json records no resume
+
+
+def test_a_tokenizer_setting_that_init_from_replaces_gets_a_note(source, tmp_path, capsys):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"tokenizer": "bpe", "vocab_size": 300, "cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 1, "eval_every": 1, "tensorboard": False},
+    )
+    capsys.readouterr()
+    out = tmp_path / "tuned"
+    assert main(["train", str(cfg), "--out", str(out), "--init-from", str(source)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note" in line]
+    own = (source / "tokenizer.json").resolve()
+    vocab = load_run(source).tokenizer.vocab_size
+    assert notes == [
+        f"lm: note: data.tokenizer: bpe is not used: --init-from {source} needs its own "
+        f"tokenizer ({own}, {vocab} tokens), whose ids its weights know; config.yaml records it",
+        "lm: note: data.vocab_size: 300 is not used: the tokenizer is not trained anew",
+    ]
+    data = yaml.safe_load((out / "config.yaml").read_text())["data"]
+    assert data["tokenizer"] == str(own) and data["vocab_size"] is None
+    # The tokenizer the source recorded, named again, needs no note.
+    cfg = write_config(tmp_path / "d.yaml", train={"max_steps": 1, "eval_every": 1})
+    argv = ["train", str(cfg), "--out", str(tmp_path / "again"), "--init-from", str(source)]
+    assert main(argv) == 0
+    assert "note" not in capsys.readouterr().err
