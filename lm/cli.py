@@ -383,7 +383,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from lm.evaluate import evaluate_run, format_table
+    from lm.evaluate import evaluate_run, format_table, setting_line
     from lm.runtime import resolve_device
 
     device = resolve_device(args.device, "--device")
@@ -397,6 +397,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         args.max_batches,
         args.rope_scaling,
     )
+    if args.rope_scaling is not None:
+        print(setting_line(args.run_dir, args.rope_scaling))
     print(format_table(rows))
     return 0
 
@@ -431,9 +433,32 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
     device = str(resolve_device(args.device, "--device"))
     text = checked_text(args.text, "--text")
+    _check_text_fits(Path(args.run_dir), text)
     picture = draw_attention(args.run_dir, text, args.layer, args.head, args.out, device)
     print(picture.path)
     return 0
+
+
+def _check_text_fits(run_dir: Path, text: str) -> None:
+    """A learned position table has no vector past its rows: a longer ``--text`` is the text's
+    to shorten (the model's own error would speak of its context). Anything else wrong with the
+    run is left to the drawing to report."""
+    from lm.config import load_config
+    from lm.runs import CONFIG, TOKENIZER
+    from lm.tokenizer import TextTokenizer
+
+    if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
+        return
+    model = load_config(run_dir / CONFIG).model
+    if model.position != "learned":
+        return
+    tokens = len(TextTokenizer.load(run_dir / TOKENIZER).encode(text))
+    if tokens > model.context_length:
+        raise LMError(
+            f"--text: {tokens} tokens, but this run's learned position table has "
+            f"{model.context_length} positions; shorten --text to at most {model.context_length} "
+            "tokens"
+        )
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:

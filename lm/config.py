@@ -393,6 +393,13 @@ class TrainConfig:
         """Micro-batches per optimizer step on each of ``processes``; a ConfigError if the
         numbers do not divide."""
         micro = self.micro_batch(processes)
+        if micro * processes > self.batch_size:
+            each = f" x {processes} processes" if processes > 1 else ""
+            raise ConfigError(
+                f"train.micro_batch_size: {micro}{each} is more than train.batch_size "
+                f"{self.batch_size}, the global batch of a step; set micro_batch_size to at most "
+                f"{max(self.batch_size // processes, 1)}"
+            )
         if self.batch_size % (micro * processes):
             raise ConfigError(
                 f"train.batch_size: {self.batch_size} is not divisible by micro_batch_size "
@@ -569,6 +576,17 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Where and what: PyYAML's ``problem`` (its message's first line is often only the context,
+    "while scanning for the next token"), with a tab named as the indentation mistake it is."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    if "'\\t'" in problem:
+        problem = "a tab, which YAML does not take for indentation: indent with spaces"
+    return f"{where}: {problem}"
+
+
 def read_yaml(path: str | Path) -> Any:
     """Safe YAML only: a Python tag (``!!python/object``) is refused, never constructed."""
     path = Path(path)
@@ -581,12 +599,7 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0]
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1})"
-        raise ConfigError(f"{path}: not a valid safe YAML config{where}: {first}") from None
+        raise ConfigError(f"{path}: not a valid safe YAML config{_yaml_problem(e)}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

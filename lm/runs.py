@@ -142,6 +142,8 @@ def clear_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
     for name in (METRICS, CONFIG, TOKENIZER, PROVENANCE, "eval.json"):
         (run_dir / name).unlink(missing_ok=True)
+    for result in run_dir.glob("eval.*.json"):  # lm eval's results with other RoPE extensions
+        result.unlink()
 
 
 def write_record(
