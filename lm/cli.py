@@ -68,6 +68,13 @@ ROPE_SCALING_HELP = (
 )
 
 
+CHECKPOINT_HELP = (
+    "use this checkpoint instead of the newest: a folder, or a name in RUN_DIR/checkpoints such "
+    "as step_00000030"
+)
+DEVICE_HELP = "auto (default: cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -127,18 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="continue prompts with a trained model")
     s.add_argument("run_dir", help="run directory written by lm train")
-    s.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    s.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
     s.add_argument(
         "--prompt",
         action="append",
         required=True,
         help="text to continue; repeat for a batch; '-' reads standard input",
     )
-    s.add_argument("--max-new-tokens", type=positive_int, default=200)
+    s.add_argument(
+        "--max-new-tokens", type=positive_int, default=200, help="tokens to add (default 200)"
+    )
     s.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"
     )
-    s.add_argument("--top-k", type=positive_int, default=None)
+    s.add_argument(
+        "--top-k", type=positive_int, default=None, help="sample from the K likeliest tokens only"
+    )
     s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
     s.add_argument(
@@ -147,11 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile the one-token decoding step (torch.compile: seconds to start, then faster)",
     )
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
-    s.add_argument("--device", default="auto")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
     e.add_argument("run_dir")
-    e.add_argument("--split", choices=["val", "train"], default="val")
+    e.add_argument(
+        "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
+    )
     e.add_argument(
         "--context-lengths",
         type=_lengths,
@@ -159,10 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=LENGTHS_HELP + " (default: the trained context)",
     )
     e.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
-    e.add_argument("--checkpoint")
-    e.add_argument("--batch-size", type=positive_int)
+    e.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
+    e.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="windows per batch at the trained length, fewer at longer ones (default: "
+        "train.eval_batch_size, else the training micro-batch)",
+    )
     e.add_argument("--max-batches", type=positive_int, help="evaluate only this many batches")
-    e.add_argument("--device", default="auto")
+    e.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     c = sub.add_parser(
         "compare",
@@ -208,15 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--eval-lengths",
         type=_lengths,
-        help=LENGTHS_HELP + " (default: 1x,2x,4x)",
+        help=LENGTHS_HELP + " (default: 1x,2x,4x, or what the folder's sweep.json records)",
     )
     c.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     c.add_argument(
         "--eval-batches",
         type=positive_int,
-        help="batches per context length (default: the whole validation split)",
+        help="batches per context length (default: the whole validation split, or what "
+        "sweep.json records)",
     )
-    c.add_argument("--device", default="auto", help="device of the report's evaluation")
+    c.add_argument(
+        "--device", default="auto", help="device of the report's evaluation: " + DEVICE_HELP
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
@@ -225,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--layer", type=int, help="0-based (default: the last layer)")
     a.add_argument("--head", type=int, help="0-based (default: a grid of every head)")
     a.add_argument("--out", help="PNG file (default: RUN_DIR/attention.png)")
-    a.add_argument("--device", default="auto")
+    a.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     p = sub.add_parser(
         "positions",
@@ -242,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
     )
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     x = sub.add_parser(
         "export",
@@ -250,8 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.add_argument("run_dir")
     x.add_argument("--out", required=True, help="the folder to write")
-    x.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    x.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    x.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="precision of the exported weights (default fp32)",
+    )
+    x.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
     x.add_argument(
         "--max-positions",
         type=positive_int,
