@@ -206,16 +206,9 @@ def mpt_slopes(n_head: int) -> torch.Tensor:
     return -bias[:, 0, 0].float()
 
 
-def check_exportable(cfg: ModelConfig, config: Any = None) -> None:
-    """Refuse, in one line, a model the target architecture would compute differently
-    (``config``: the transformers config a RoPE model is exported with)."""
-    if cfg.position == "rope" and config is not None:
-        changed = [
-            f"model.{key}: {getattr(cfg, key)}"
-            for key, default in _ROPE_DEFAULTS.items()
-            if getattr(cfg, key) != default
-        ]
-        check_rope(cfg, config, f"{', '.join(changed) or 'RoPE'} cannot be exported exactly")
+def check_exportable(cfg: ModelConfig) -> None:
+    """Refuse, in one line, a model the target architecture would compute differently (RoPE's
+    settings: :func:`_check_rope_export`, once the config is known)."""
     if cfg.position == "alibi":
         if cfg.bias:
             raise CannotExpress(
@@ -286,16 +279,23 @@ def to_hf(
         }
         if rope["rope_type"] != "default":
             legacy["rope_scaling"] = dict(rope)
-        check_exportable(cfg, _transformers_config(model_type, {**config, **legacy}))
+        _check_rope_export(cfg, {**config, **legacy})
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     return HFModel(model_type, config, tensors, legacy)
 
 
-def _transformers_config(model_type: str, keys: dict[str, Any]) -> Any:
-    """The config transformers builds from a config.json holding ``keys``."""
+def _check_rope_export(cfg: ModelConfig, keys: dict[str, Any]) -> None:
+    """Refuse, in one line naming lm's settings, a RoPE model that transformers would rotate
+    otherwise when it reads a config.json holding ``keys``."""
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(model_type, **keys)
+    changed = [
+        f"model.{key}: {getattr(cfg, key)}"
+        for key, default in _ROPE_DEFAULTS.items()
+        if getattr(cfg, key) != default
+    ]
+    what = f"{', '.join(changed) or 'RoPE'} cannot be exported exactly"
+    check_rope(cfg, AutoConfig.for_model("gpt_neox", **keys), what)
 
 
 def _hf_config(
