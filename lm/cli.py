@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
 from lm import __version__
 from lm.config import LMError
+from lm.distributed import launched_rank, met_alike
+
+LINGER_S = 5.0
+"""How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:
+torchrun ends every process once one fails, and rank 0 must say the line first."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +66,13 @@ ROPE_SCALING_HELP = (
     "evaluate a RoPE run with another context extension (same weights, no retraining): none, "
     "pi:S (Position Interpolation), ntk:S (NTK-aware) or yarn:S (YaRN), S the factor"
 )
+
+
+CHECKPOINT_HELP = (
+    "use this checkpoint instead of the newest: a folder, or a name in RUN_DIR/checkpoints such "
+    "as step_00000030"
+)
+DEVICE_HELP = "auto (default: cuda, then mps, then cpu) | cpu | cuda | cuda:N | mps"
 
 
 def positive_int(text: str) -> int:
@@ -121,18 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="continue prompts with a trained model")
     s.add_argument("run_dir", help="run directory written by lm train")
-    s.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    s.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
     s.add_argument(
         "--prompt",
         action="append",
         required=True,
         help="text to continue; repeat for a batch; '-' reads standard input",
     )
-    s.add_argument("--max-new-tokens", type=positive_int, default=200)
+    s.add_argument(
+        "--max-new-tokens", type=positive_int, default=200, help="tokens to add (default 200)"
+    )
     s.add_argument(
         "--temperature", type=_non_negative_float, default=0.0, help="0 = greedy (default)"
     )
-    s.add_argument("--top-k", type=positive_int, default=None)
+    s.add_argument(
+        "--top-k", type=positive_int, default=None, help="sample from the K likeliest tokens only"
+    )
     s.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     s.add_argument("--no-kv-cache", action="store_true", help="recompute every step (slower)")
     s.add_argument(
@@ -141,11 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="compile the one-token decoding step (torch.compile: seconds to start, then faster)",
     )
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
-    s.add_argument("--device", default="auto")
+    s.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
     e.add_argument("run_dir")
-    e.add_argument("--split", choices=["val", "train"], default="val")
+    e.add_argument(
+        "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
+    )
     e.add_argument(
         "--context-lengths",
         type=_lengths,
@@ -153,10 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=LENGTHS_HELP + " (default: the trained context)",
     )
     e.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
-    e.add_argument("--checkpoint")
-    e.add_argument("--batch-size", type=positive_int)
+    e.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
+    e.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="windows per batch at the trained length, fewer at longer ones (default: "
+        "train.eval_batch_size, else the training micro-batch)",
+    )
     e.add_argument("--max-batches", type=positive_int, help="evaluate only this many batches")
-    e.add_argument("--device", default="auto")
+    e.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     c = sub.add_parser(
         "compare",
@@ -189,20 +213,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="override config keys for every run of the sweep",
     )
     c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
-    c.add_argument("--prompt", help="text every run continues (default: 'The for statement')")
-    c.add_argument("--max-new-tokens", type=positive_int, default=80)
+    c.add_argument(
+        "--prompt",
+        help="text every run continues (default: 'The for statement', or what the folder's "
+        "sweep.json records)",
+    )
+    c.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        help="length of each continuation (default: 80, or what sweep.json records)",
+    )
     c.add_argument(
         "--eval-lengths",
         type=_lengths,
-        help=LENGTHS_HELP + " (default: 1x,2x,4x)",
+        help=LENGTHS_HELP + " (default: 1x,2x,4x, or what the folder's sweep.json records)",
     )
     c.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     c.add_argument(
         "--eval-batches",
         type=positive_int,
-        help="batches per context length (default: the whole validation split)",
+        help="batches per context length (default: the whole validation split, or what "
+        "sweep.json records)",
     )
-    c.add_argument("--device", default="auto", help="device of the report's evaluation")
+    c.add_argument(
+        "--device", default="auto", help="device of the report's evaluation: " + DEVICE_HELP
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
@@ -211,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--layer", type=int, help="0-based (default: the last layer)")
     a.add_argument("--head", type=int, help="0-based (default: a grid of every head)")
     a.add_argument("--out", help="PNG file (default: RUN_DIR/attention.png)")
-    a.add_argument("--device", default="auto")
+    a.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     p = sub.add_parser(
         "positions",
@@ -228,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
     )
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     x = sub.add_parser(
         "export",
@@ -236,8 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.add_argument("run_dir")
     x.add_argument("--out", required=True, help="the folder to write")
-    x.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    x.add_argument("--checkpoint", help="a checkpoint folder (default: the newest)")
+    x.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="precision of the exported weights (default fp32)",
+    )
+    x.add_argument("--checkpoint", metavar="NAME|PATH", help=CHECKPOINT_HELP)
     x.add_argument(
         "--max-positions",
         type=positive_int,
@@ -265,7 +305,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # A run started from another's weights resumes with that run's tokenizer, as it began.
     source = args.init_from or (recorded_init_from(run_dir) if args.resume else None)
     if source:
-        config = config_for_init(config, source)
+        notes = None if args.quiet else lambda line: _say(line, shared=True)
+        config = config_for_init(config, source, notes)
     result = train(
         config,
         run_dir,
@@ -274,9 +315,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         init_from=args.init_from,
     )
-    if result.message:
-        print(f"lm: {result.message}", file=sys.stderr)
-    return {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
+    code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
+    if result.message:  # every process agreed on it: said once
+        _say(f"lm: {result.message}", shared=True, code=code)
+    return code
 
 
 def checked_text(text: str, where: str) -> str:
@@ -367,7 +409,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from lm.evaluate import evaluate_run, format_table
+    from lm.evaluate import evaluate_run, format_table, setting_line
     from lm.runtime import resolve_device
 
     device = resolve_device(args.device, "--device")
@@ -381,6 +423,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         args.max_batches,
         args.rope_scaling,
     )
+    if args.rope_scaling is not None:
+        print(setting_line(args.run_dir, args.rope_scaling))
     print(format_table(rows))
     return 0
 
@@ -415,9 +459,32 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
     device = str(resolve_device(args.device, "--device"))
     text = checked_text(args.text, "--text")
+    _check_text_fits(Path(args.run_dir), text)
     picture = draw_attention(args.run_dir, text, args.layer, args.head, args.out, device)
     print(picture.path)
     return 0
+
+
+def _check_text_fits(run_dir: Path, text: str) -> None:
+    """A learned position table has no vector past its rows: a longer ``--text`` is the text's
+    to shorten (the model's own error would speak of its context). Anything else wrong with the
+    run is left to the drawing to report."""
+    from lm.config import load_config
+    from lm.runs import CONFIG, TOKENIZER
+    from lm.tokenizer import TextTokenizer
+
+    if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
+        return
+    model = load_config(run_dir / CONFIG).model
+    if model.position != "learned":
+        return
+    tokens = len(TextTokenizer.load(run_dir / TOKENIZER).encode(text))
+    if tokens > model.context_length:
+        raise LMError(
+            f"--text: {tokens} tokens, but this run's learned position table has "
+            f"{model.context_length} positions; shorten --text to at most {model.context_length} "
+            "tokens"
+        )
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
@@ -474,6 +541,21 @@ COMMANDS = {
 }
 
 
+def _say(line: str, shared: bool, code: int = 0) -> None:
+    """Write one line to standard error, said once per job: under torchrun a line every process
+    has alike (``shared``) is said by rank 0 alone, and the others, when they are to fail
+    (``code``), wait for it first; a line of one process names its rank."""
+    rank = launched_rank()
+    if rank and shared:
+        if code:
+            time.sleep(LINGER_S)
+        return
+    if rank:
+        line = f"lm: rank {rank}: {line.removeprefix('lm: ')}"
+    sys.stderr.write(line + "\n")  # one write: the lines of several processes do not interleave
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -482,11 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LMError as e:
-        print(f"lm: error: {one_line(str(e))}", file=sys.stderr)
+        _say(f"lm: error: {one_line(str(e))}", met_alike(e), 2)
         return 2
     except KeyboardInterrupt as e:
         said = f"; {one_line(str(e))}" if str(e) else ""  # e.g. what a sweep saved
-        print(f"lm: interrupted{said}", file=sys.stderr)
+        _say(f"lm: interrupted{said}", True, 130)  # a signal reaches every process
         return 130
     except BrokenPipeError:  # e.g. `lm sample ... | head`
         return 0

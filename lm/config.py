@@ -26,7 +26,12 @@ class LMError(Exception):
     """An error caused by the user's input; the CLI prints its message as one line, exit 2."""
 
 
-class ConfigError(LMError):
+class SharedError(LMError):
+    """An error every process of a ``torchrun`` job meets alike (they read the same command
+    line, config and files, or agreed on it): rank 0 alone says it."""
+
+
+class ConfigError(SharedError):
     """A config key is unknown, of the wrong type, or impossible together with another."""
 
 
@@ -346,6 +351,12 @@ class TrainConfig:
         _choice(s, "device", self.device, DEVICES)
         _choice(s, "dtype", self.dtype, DTYPES)
         _choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
+        if self.parallel == "fsdp" and self.dtype == "fp16":
+            # FSDP2's mixed precision has no gradient scaler to pair with fp16's narrow range.
+            raise ConfigError(
+                "train.dtype: fp16 cannot run sharded (train.parallel: fsdp); use bf16 or fp32, "
+                "or parallel: ddp"
+            )
         if self.parallel == "fsdp" and self.optimizer == "muon":
             # Muon orthogonalises whole matrices; FSDP gives each process a slice of rows.
             raise ConfigError(
@@ -385,6 +396,13 @@ class TrainConfig:
         """Micro-batches per optimizer step on each of ``processes``; a ConfigError if the
         numbers do not divide."""
         micro = self.micro_batch(processes)
+        if micro * processes > self.batch_size:
+            each = f" x {processes} processes" if processes > 1 else ""
+            raise ConfigError(
+                f"train.micro_batch_size: {micro}{each} is more than train.batch_size "
+                f"{self.batch_size}, the global batch of a step; set micro_batch_size to at most "
+                f"{max(self.batch_size // processes, 1)}"
+            )
         if self.batch_size % (micro * processes):
             raise ConfigError(
                 f"train.batch_size: {self.batch_size} is not divisible by micro_batch_size "
@@ -561,6 +579,17 @@ _Loader.add_implicit_resolver(
 )
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """Where and what: PyYAML's ``problem`` (its message's first line is often only the context,
+    "while scanning for the next token"), with a tab named as the indentation mistake it is."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    if "'\\t'" in problem:
+        problem = "a tab, which YAML does not take for indentation: indent with spaces"
+    return f"{where}: {problem}"
+
+
 def read_yaml(path: str | Path) -> Any:
     """Safe YAML only: a Python tag (``!!python/object``) is refused, never constructed."""
     path = Path(path)
@@ -573,12 +602,7 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as e:
-        first = str(e).strip().splitlines()[0]
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1})"
-        raise ConfigError(f"{path}: not a valid safe YAML config{where}: {first}") from None
+        raise ConfigError(f"{path}: not a valid safe YAML config{_yaml_problem(e)}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:

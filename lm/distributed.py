@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lm.config import LMError
+from lm.config import SharedError
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,24 @@ class World:
         return self.size > 1
 
 
+_joined = False  # whether this process has joined torchrun's process group
+
+
+def launched_rank() -> int | None:
+    """This process's rank when ``torchrun`` started several (before they join, too); None for
+    a process alone."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    return int(os.environ.get("RANK", "0"))
+
+
+def met_alike(error: BaseException) -> bool:
+    """Whether every process of the job meets ``error`` alike, so that rank 0 alone says it: a
+    :class:`SharedError`, or any error before the processes joined (each read the same command
+    line, config and files). After that, an error of one process is said by that process."""
+    return isinstance(error, SharedError) or not _joined
+
+
 def init_world(device_type: str, timeout_s: float = 3600.0) -> World:
     """Join the process group that torchrun describes in the environment, if any. A collective
     waits up to ``timeout_s`` for every process (``train.dist_timeout_s``): long enough for the
@@ -46,6 +64,8 @@ def init_world(device_type: str, timeout_s: float = 3600.0) -> World:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         size=int(os.environ["WORLD_SIZE"]),
     )
+    global _joined
+    _joined = True
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
@@ -115,13 +135,13 @@ def check_same_resume(world: World, step: int | None, config: bytes) -> None:
         if step_r != step0:
             seen = "no checkpoint" if step_r is None else f"checkpoint step {step_r}"
             want = "no checkpoint" if step0 is None else f"step {step0}"
-            raise LMError(
+            raise SharedError(
                 f"resume: rank {rank} on {host} finds {seen} in the run directory while rank 0 "
                 f"on {host0} finds {want}; every machine must see the same run directory "
                 "(a shared filesystem)"
             )
         if hash_r != hash0:
-            raise LMError(
+            raise SharedError(
                 f"resume: rank {rank} on {host} reads a different config than rank 0 on "
                 f"{host0}; every process must be given the same config and run directory"
             )

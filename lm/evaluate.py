@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from lm.batches import eval_batches, eval_windows
-from lm.config import DataConfig, LMError, parse_rope_scaling
+from lm.config import DataConfig, LMError, load_config, parse_rope_scaling
 from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World, all_reduce_sum
 from lm.model import TransformerLM, loss_sum
-from lm.runs import TOKENIZER, LoadedRun, load_run
+from lm.runs import CONFIG, TOKENIZER, LoadedRun, load_run
 
 EVAL_FILE = "eval.json"
 
@@ -255,8 +255,32 @@ def evaluate_run(
         "rope_scaling": run.config.model.rope_scaling,
         "rows": rows,
     }
-    (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    path = eval_path(run_dir, rope_scaling)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return rows
+
+
+def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
+    """Where ``lm eval`` keeps its result, one per setting: ``eval.json`` for the model as
+    trained, ``eval.<method>_<factor>.json`` (``eval.ntk_4.json``; ``eval.none.json`` removing
+    a trained extension) with another RoPE extension at evaluation time."""
+    run_dir = Path(run_dir)
+    if rope_scaling is None:
+        return run_dir / EVAL_FILE
+    method, factor = parse_rope_scaling(rope_scaling, "--rope-scaling")
+    own = parse_rope_scaling(load_config(run_dir / CONFIG).model.rope_scaling)
+    if (method, factor) == own or factor == own[1] == 1.0:  # the model as trained
+        return run_dir / EVAL_FILE
+    return run_dir / ("eval.none.json" if factor == 1.0 else f"eval.{method}_{factor:g}.json")
+
+
+def setting_line(run_dir: str | Path, rope_scaling: str) -> str:
+    """The line above ``lm eval``'s table that names the RoPE extension it measured."""
+    own = load_config(Path(run_dir) / CONFIG).model.rope_scaling or "none"
+    path = eval_path(run_dir, rope_scaling)
+    if path.name == EVAL_FILE:
+        return f"rope_scaling {rope_scaling}: the run as trained ({path})"
+    return f"rope_scaling {rope_scaling} at evaluation time, in place of the trained {own} ({path})"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -28,12 +28,19 @@ from safetensors.torch import save_file
 
 from lm.config import LMError, ModelConfig
 from lm.hf import ARCHITECTURES, HFModel, to_hf
-from lm.runs import CONFIG, PROVENANCE, LoadedRun, load_run
+from lm.hf_rope import rope_parameters
+from lm.runs import CONFIG, PROVENANCE, LoadedRun, check_out_dir, load_run, refuse_overlap
 from lm.tokenizer import EOD, PAD, UNK, TextTokenizer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 LM_CONFIG = "lm_config.yaml"
 DEFAULT_MAX_POSITIONS = 2048
+MAX_POSITIONS = 2**24
+"""The most --max-positions may say: float32, in which transformers computes positions, counts
+whole numbers exactly only that far."""
+TABLE_BYTES = 2**30
+"""The largest position table an export writes (GPT-2's ``wpe`` of the sinusoidal and no-position
+schemes, fp32): 1 GiB."""
 NAMES = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "mpt": "MPT"}
 # What an export folder always holds; --overwrite replaces only such a folder (or an empty one).
 _EXPORT_FILES = ("config.json", "model.safetensors")
@@ -71,10 +78,13 @@ def built_folder(out: Path, what: str) -> Iterator[Path]:
     """A temporary folder beside ``out`` to write ``what`` into; it takes ``out``'s place only
     once the block has finished (the old folder goes last). On failure nothing of it stays, and
     an OS error (disk full, no permission) is one line naming ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise LMError(f"{out}: could not write the {what} ({e.strerror or e})") from None
     try:
         yield tmp
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -99,11 +109,29 @@ def max_positions_for(cfg: ModelConfig, requested: int | None) -> int:
                 f"context_length={cfg.context_length} rows"
             )
         return cfg.context_length
-    if requested is not None and requested < cfg.context_length:
+    if requested is None:
+        yarn = cfg.rope_method == "yarn" and cfg.rope_factor != 1.0
+        reach = cfg.rope_factor * cfg.rope_context
+        if yarn and reach.is_integer() and reach >= cfg.context_length:
+            return int(reach)  # YaRN's own range, S x L, which transformers checks it against
+        return max(cfg.context_length, DEFAULT_MAX_POSITIONS)
+    if requested < cfg.context_length:
         raise LMError(
             f"--max-positions {requested}: below the trained context_length {cfg.context_length}"
         )
-    return requested or max(cfg.context_length, DEFAULT_MAX_POSITIONS)
+    rows = TABLE_BYTES // (4 * cfg.d_model)
+    if cfg.position in ("sinusoidal", "none") and requested > rows:
+        raise LMError(
+            f"--max-positions {requested}: the exported position table (GPT-2's wpe) would hold "
+            f"{requested} x {cfg.d_model} floats, {requested * cfg.d_model * 4 / 2**30:.1f} GiB; "
+            f"at most {rows} positions at d_model {cfg.d_model} (1 GiB)"
+        )
+    if requested > MAX_POSITIONS:
+        raise LMError(
+            f"--max-positions {requested}: at most {MAX_POSITIONS} (2^24; float32, in which "
+            "transformers computes positions, counts whole numbers exactly only that far)"
+        )
+    return requested
 
 
 def export_run(
@@ -119,8 +147,9 @@ def export_run(
     run_dir, out = Path(run_dir), Path(out)
     if dtype not in DTYPES:
         raise LMError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    if out.resolve() == run_dir.resolve() or run_dir.resolve().is_relative_to(out.resolve()):
-        raise LMError(f"{out}: would replace the run itself; choose another --out")
+    check_out_dir(out)
+    named = Path(checkpoint) if checkpoint is not None and Path(checkpoint).exists() else None
+    refuse_overlap(out, {"the run": run_dir, "the checkpoint": named})
     check_output(out, overwrite)
     if (
         overwrite
@@ -226,8 +255,17 @@ def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> li
     val = _val_loss(run)
     val_text = f"{val:.4f}" if val is not None else "not measured"
     commit = origin.get("git_commit") or "unknown"
+    rope = []
+    if m.position == "rope":
+        settings = ", ".join(
+            f"{key} {getattr(m, key)}"
+            for key in ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
+        )
+        written = json.dumps(rope_parameters(m))
+        rope = [("RoPE", f"lm: {settings}; in config.json: `rope_parameters` {written}")]
     return [
         ("position scheme", f"`{m.position}`: {scheme}"),
+        *rope,
         (
             "architecture",
             f"{m.n_layer} layers, {m.n_head} heads, d_model {m.d_model}, MLP {m.ff_dim}, "

@@ -6,7 +6,8 @@ Each position scheme goes to the architecture that computes exactly what ``Trans
 =============  ==========  ===============================================================
 lm scheme      target      how
 =============  ==========  ===============================================================
-rope           GPT-NeoX    full rotary, sequential residual; q/k rows permuted (below)
+rope           GPT-NeoX    sequential residual; q/k rows permuted (below); RoPE's settings
+                           as rope_parameters, each checked (lm.hf_rope)
 learned        GPT-2       ``wpe`` = lm's learned table
 sinusoidal     GPT-2       ``wpe`` = the notes' sinusoids; ``wte`` = sqrt(d) E; untied head E
 none           GPT-2       ``wpe`` = zeros
@@ -16,7 +17,9 @@ alibi          MPT         ``transformers`` always adds MPT's ALiBi bias (slopes
 RoPE layouts. The notes rotate interleaved pairs ``(x[2i], x[2i+1])``; GPT-NeoX rotates
 ``(x[i], x[i + d_k/2])`` ("rotate half"), with the same angles. Renumbering each head's query
 and key features, lm feature ``2i`` -> NeoX ``i`` and ``2i+1`` -> ``i + d_k/2``, makes NeoX's
-rotation lm's; the scores are unchanged because queries and keys are renumbered alike. NeoX
+rotation lm's; the scores are unchanged because queries and keys are renumbered alike. With
+partial RoPE (p pairs rotated) the same renumbering acts on the first ``2p`` features, ``d_k/2``
+read as ``p``, and the unrotated ones keep their place, where NeoX passes them through. NeoX
 also stores its fused projection head by head, ``[H, (q, k, v), d_k]`` rows, where lm stores
 ``[(q, k, v), H, d_k]``. (NeoX computes the angles in float32, lm in float64: the two agree
 to float32 rounding, which grows slowly with the position.)
@@ -42,7 +45,8 @@ from typing import Any
 
 import torch
 
-from lm.config import LMError, ModelConfig
+from lm.config import ModelConfig
+from lm.hf_rope import CannotExpress, check_rope, refuse, rope_keys, rope_parameters
 from lm.position import alibi_slopes, sinusoidal_table
 
 TARGETS = {
@@ -110,11 +114,13 @@ _HEAD = {
     "mpt": ("lm_head.weight",),
 }
 _WPE = "transformer.wpe.weight"
+_ROPE_DEFAULTS = {
+    "rope_base": 10000.0,
+    "rope_scaling": None,
+    "rope_fraction": 1.0,
+    "rope_original_context": None,
+}
 _HAS_BIAS = {"gpt2": True, "gpt_neox": True, "mpt": False}
-
-
-class CannotExpress(LMError):
-    """A model one side cannot compute exactly as the other does."""
 
 
 @dataclass(frozen=True)
@@ -132,41 +138,45 @@ class HFModel:
 # The fused projection of GPT-NeoX
 
 
-def _rotate_half_order(head_dim: int) -> torch.Tensor:
-    """NeoX feature j holds lm feature order[j]: the evens (pair firsts), then the odds."""
-    return torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+def _rotate_half_order(head_dim: int, rotated: int) -> torch.Tensor:
+    """NeoX feature j holds lm feature order[j]: of the first ``rotated`` features the evens
+    (pair firsts), then the odds; the unrotated features after them, in place."""
+    return torch.cat(
+        [torch.arange(0, rotated, 2), torch.arange(1, rotated, 2), torch.arange(rotated, head_dim)]
+    )
 
 
-def _qkv_to_neox(t: torch.Tensor, n_head: int) -> torch.Tensor:
+def _qkv_to_neox(t: torch.Tensor, n_head: int, rotated: int) -> torch.Tensor:
     """lm rows ``[(q, k, v), H, d_k]`` -> NeoX rows ``[H, (q, k, v), d_k]``, q and k renumbered."""
     rest = t.shape[1:]
     parts = t.reshape(3, n_head, -1, *rest)  # (3, H, d_k, ...)
-    order = _rotate_half_order(parts.shape[2])
+    order = _rotate_half_order(parts.shape[2], rotated)
     q, k, v = parts[0][:, order], parts[1][:, order], parts[2]
     return torch.stack([q, k, v], dim=1).reshape(-1, *rest)  # (H, 3, d_k, ...) flattened
 
 
-def _qkv_from_neox(t: torch.Tensor, n_head: int) -> torch.Tensor:
+def _qkv_from_neox(t: torch.Tensor, n_head: int, rotated: int) -> torch.Tensor:
     rest = t.shape[1:]
     parts = t.reshape(n_head, 3, -1, *rest)  # (H, 3, d_k, ...)
-    back = torch.argsort(_rotate_half_order(parts.shape[2]))
+    back = torch.argsort(_rotate_half_order(parts.shape[2], rotated))
     q, k, v = parts[:, 0][:, back], parts[:, 1][:, back], parts[:, 2]
     return torch.stack([q, k, v], dim=0).reshape(-1, *rest)
 
 
-def _to_hf(how: str, t: torch.Tensor, n_head: int) -> torch.Tensor:
+def _to_hf(how: str, t: torch.Tensor, n_head: int, rotated: int) -> torch.Tensor:
+    """``rotated``: the features of each head RoPE rotates (GPT-NeoX's query/key renumbering)."""
     if how == "conv1d" and t.dim() == 2:
         return t.t()
     if how == "neox_qkv":
-        return _qkv_to_neox(t, n_head)
+        return _qkv_to_neox(t, n_head, rotated)
     return t
 
 
-def _from_hf(how: str, t: torch.Tensor, n_head: int) -> torch.Tensor:
+def _from_hf(how: str, t: torch.Tensor, n_head: int, rotated: int) -> torch.Tensor:
     if how == "conv1d" and t.dim() == 2:
         return t.t()
     if how == "neox_qkv":
-        return _qkv_from_neox(t, n_head)
+        return _qkv_from_neox(t, n_head, rotated)
     return t
 
 
@@ -197,7 +207,8 @@ def mpt_slopes(n_head: int) -> torch.Tensor:
 
 
 def check_exportable(cfg: ModelConfig) -> None:
-    """Refuse, in one line, a model the target architecture would compute differently."""
+    """Refuse, in one line, a model the target architecture would compute differently (RoPE's
+    settings: :func:`_check_rope_export`, once the config is known)."""
     if cfg.position == "alibi":
         if cfg.bias:
             raise CannotExpress(
@@ -228,12 +239,14 @@ def to_hf(
     check_exportable(cfg)
     model_type = TARGETS[cfg.position]
     d = cfg.d_model
+    rotated = 2 * cfg.rope_pairs
     tensors: dict[str, torch.Tensor] = {}
     for lm_name, hf_name, how in _block_names(model_type, cfg.n_layer):
         if lm_name in state:
-            tensors[hf_name] = _to_hf(how, state[lm_name], cfg.n_head)
+            tensors[hf_name] = _to_hf(how, state[lm_name], cfg.n_head, rotated)
         elif _HAS_BIAS[model_type] and lm_name.endswith(".bias"):
-            weight = _to_hf(how, state[lm_name.removesuffix("bias") + "weight"], cfg.n_head)
+            weight = state[lm_name.removesuffix("bias") + "weight"]
+            weight = _to_hf(how, weight, cfg.n_head, rotated)
             out_dim = weight.shape[-1] if how == "conv1d" else weight.shape[0]
             tensors[hf_name] = torch.zeros(out_dim, dtype=weight.dtype)
 
@@ -256,10 +269,33 @@ def to_hf(
     config = _hf_config(cfg, model_type, max_positions, tied, ids)
     legacy = {}
     if model_type == "gpt_neox":
-        # transformers 4 reads these, and without them would rotate a quarter of each head.
-        legacy = {"rotary_pct": 1.0, "rotary_emb_base": cfg.rope_base, "rope_theta": cfg.rope_base}
+        # transformers 4 reads these, and without them would rotate a quarter of each head,
+        # unscaled. transformers 5 reads rope_scaling before rope_parameters: the same dict.
+        rope = config["rope_parameters"]
+        legacy = {
+            "rotary_pct": rope["partial_rotary_factor"],
+            "rotary_emb_base": rope["rope_theta"],
+            "rope_theta": rope["rope_theta"],
+        }
+        if rope["rope_type"] != "default":
+            legacy["rope_scaling"] = dict(rope)
+        _check_rope_export(cfg, {**config, **legacy})
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     return HFModel(model_type, config, tensors, legacy)
+
+
+def _check_rope_export(cfg: ModelConfig, keys: dict[str, Any]) -> None:
+    """Refuse, in one line naming lm's settings, a RoPE model that transformers would rotate
+    otherwise when it reads a config.json holding ``keys``."""
+    from transformers import AutoConfig
+
+    changed = [
+        f"model.{key}: {getattr(cfg, key)}"
+        for key, default in _ROPE_DEFAULTS.items()
+        if getattr(cfg, key) != default
+    ]
+    what = f"{', '.join(changed) or 'RoPE'} cannot be exported exactly"
+    check_rope(cfg, AutoConfig.for_model("gpt_neox", **keys), what)
 
 
 def _hf_config(
@@ -302,11 +338,7 @@ def _hf_config(
             "attention_bias": True,
             "attention_dropout": cfg.dropout,
             "hidden_dropout": cfg.dropout,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": cfg.rope_base,
-                "partial_rotary_factor": 1.0,
-            },
+            "rope_parameters": rope_parameters(cfg),
         }
     return {
         **common,
@@ -334,14 +366,10 @@ def _get(config: Any, name: str, default: Any = None) -> Any:
     return getattr(config, name, default)
 
 
-def _refuse(where: str, key: str, value: Any, why: str) -> CannotExpress:
-    return CannotExpress(f"{where}: {key}={value!r}: {why}; lm cannot compute this model exactly")
-
-
 def _expect(where: str, config: Any, key: str, wanted: Any, why: str) -> None:
     value = _get(config, key)
     if value != wanted:
-        raise _refuse(where, key, value, why)
+        raise refuse(where, key, value, why)
 
 
 def model_shape(where: str, config: Any) -> dict[str, Any]:
@@ -370,19 +398,9 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
     if model_type == "gpt_neox":
         _expect(where, config, "hidden_act", "gelu", "lm's MLP uses exact (erf) GELU")
         _expect(where, config, "use_parallel_residual", False, "lm's residual is sequential")
-        rope = dict(_get(config, "rope_parameters") or {})
-        if rope.get("rope_type", "default") != "default":
-            raise _refuse(where, "rope_type", rope.get("rope_type"), "lm's RoPE is unscaled")
-        if rope.get("partial_rotary_factor", 1.0) != 1.0:
-            raise _refuse(
-                where,
-                "partial_rotary_factor",
-                rope.get("partial_rotary_factor"),
-                "lm rotates every query/key feature (full rotary)",
-            )
         heads, d = config.num_attention_heads, config.hidden_size
         if (d // heads) % 2:
-            raise _refuse(where, "head_dim", d // heads, "RoPE needs an even head width")
+            raise refuse(where, "head_dim", d // heads, "RoPE needs an even head width")
         return {
             "n_layer": config.num_hidden_layers,
             "n_head": heads,
@@ -390,7 +408,7 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
             "d_ff": _ff(config.intermediate_size, d),
             "norm_eps": config.layer_norm_eps,
             "dropout": float(config.hidden_dropout),
-            "rope_base": float(rope.get("rope_theta", 10000.0)),
+            **rope_keys(where, config),
             "max_positions": config.max_position_embeddings,
         }
     attn = config.attn_config
@@ -405,10 +423,10 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
         _expect(where, attn, key, wanted, why)
     heads, d = config.n_heads, config.d_model
     if attn.softmax_scale not in (None, 1 / math.sqrt(d // heads)):
-        raise _refuse(where, "softmax_scale", attn.softmax_scale, "lm scales by 1/sqrt(d_k)")
+        raise refuse(where, "softmax_scale", attn.softmax_scale, "lm scales by 1/sqrt(d_k)")
     _expect(where, config, "logit_scale", None, "lm does not scale its logits")
     if not torch.allclose(alibi_slopes(heads), mpt_slopes(heads), rtol=1e-6, atol=0.0):
-        raise _refuse(where, "n_heads", heads, "MPT's ALiBi slopes for it differ from lm's")
+        raise refuse(where, "n_heads", heads, "MPT's ALiBi slopes for it differ from lm's")
     return {
         "n_layer": config.n_layers,
         "n_head": heads,
@@ -460,12 +478,13 @@ def from_hf(
 
     state: dict[str, torch.Tensor] = {}
     biases: dict[str, torch.Tensor] = {}
+    rotated = round(shape.get("rope_fraction", 1.0) * (d // n_head))
     for lm_name, hf_name, how in _block_names(model_type, shape["n_layer"]):
         if lm_name.endswith(".bias"):
             if hf_name in tensors:
-                biases[lm_name] = _from_hf(how, take(hf_name), n_head)
+                biases[lm_name] = _from_hf(how, take(hf_name), n_head, rotated)
             continue
-        state[lm_name] = _from_hf(how, take(hf_name), n_head)
+        state[lm_name] = _from_hf(how, take(hf_name), n_head, rotated)
     # All-zero biases are what a bias-free lm model exports; any other bias makes a biased model.
     keys["bias"] = any(bool(b.any()) for b in biases.values())
     if keys["bias"]:

@@ -8,6 +8,7 @@ one line naming the first mismatch (lm.hf). An ``lm export`` folder comes back b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,17 @@ from lm.config import (
 )
 from lm.export import LM_CONFIG, built_folder, check_output, require_transformers
 from lm.hf import from_hf, model_shape
+from lm.hf_rope import rope_parameters
 from lm.model import TransformerLM
-from lm.runs import CONFIG, METRICS, PROVENANCE, TOKENIZER, provenance
+from lm.runs import (
+    CONFIG,
+    METRICS,
+    PROVENANCE,
+    TOKENIZER,
+    check_out_dir,
+    provenance,
+    refuse_overlap,
+)
 from lm.tokenizer import TextTokenizer
 
 
@@ -40,6 +50,8 @@ def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False
     where = str(hf_dir)
     if not (hf_dir / "config.json").is_file():
         raise LMError(f"{hf_dir}: not a Hugging Face model folder (no config.json)")
+    check_out_dir(out)
+    refuse_overlap(out, {"the model folder": hf_dir})
     check_output(out, overwrite)
     if overwrite and out.is_dir() and any(out.iterdir()) and not _is_run(out):
         raise LMError(f"{out}: not an lm run (no config.yaml); not replaced")
@@ -124,11 +136,15 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+_ROPE_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
+
+
 def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
     """The run's config: the model from the weights; data and train sections, and what the
     weights do not say (the trained context of a scheme with no table, dropout, the attention
-    kernel), from the ``lm_config.yaml`` an export leaves, when it matches the weights;
-    otherwise defaults, with the run's own tokenizer."""
+    kernel, how the run spelled its RoPE settings: ``ntk:4`` over base 10000 rather than the
+    base it exports as), from the ``lm_config.yaml`` an export leaves, when it matches the
+    weights; otherwise defaults, with the run's own tokenizer."""
     path = hf_dir / LM_CONFIG
     if path.is_file():
         try:
@@ -148,6 +164,15 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
             if keys["position"] != "learned":
                 kept["context_length"] = saved.model.context_length
-            return saved.replace(model=ModelConfig(**{**keys, **kept}))
+            model = ModelConfig(**{**keys, **kept})
+            if model.position == "rope":
+                spelled = {key: getattr(saved.model, key) for key in _ROPE_KEYS}
+                try:
+                    as_saved = dataclasses.replace(model, **spelled)
+                except ConfigError:  # a config of another shape: not this model's spelling
+                    as_saved = model
+                if rope_parameters(as_saved) == rope_parameters(model):  # the same angles
+                    model = as_saved
+            return saved.replace(model=model)
     data = DataConfig(tokenizer=str((out / TOKENIZER).resolve()))
     return Config(model=ModelConfig(**keys), data=data)

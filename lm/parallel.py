@@ -32,7 +32,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from lm.checkpoint import CheckpointError, FullState, read_optimizer, read_weights
-from lm.config import ConfigError, TrainConfig
+from lm.config import TrainConfig
 from lm.distributed import World
 from lm.runtime import compile_enabled, compile_model
 
@@ -47,10 +47,7 @@ def wrap_model(
     """
     model = raw_model
     if world.distributed and tc.parallel == "fsdp":
-        if dtype == torch.float16:
-            raise ConfigError(
-                "train.dtype: fp16 is not supported with train.parallel: fsdp (use bf16 or fp32)"
-            )
+        # (fp16 is refused before: TrainConfig, and lm.train for train.dtype: auto.)
         # bf16: the gathered weights and the forward/backward run in bf16; gradients are reduced
         # and the sharded master weights and optimizer stay fp32. Autocast stays on as without
         # FSDP, so norms, softmax and the loss still compute in fp32.

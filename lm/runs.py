@@ -40,6 +40,7 @@ from lm.config import (
     ConfigError,
     LMError,
     ModelConfig,
+    SharedError,
     config_diff,
     load_config,
     save_config,
@@ -141,6 +142,8 @@ def clear_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir / CHECKPOINTS, ignore_errors=True)
     for name in (METRICS, CONFIG, TOKENIZER, PROVENANCE, "eval.json"):
         (run_dir / name).unlink(missing_ok=True)
+    for result in run_dir.glob("eval.*.json"):  # lm eval's results with other RoPE extensions
+        result.unlink()
 
 
 def write_record(
@@ -249,6 +252,32 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
                 raise LMError(f"{flag} {path}: {where}, not a folder")
             break
     return path
+
+
+def refuse_overlap(
+    out: str | Path, inputs: dict[str, str | Path | None], flag: str = "--out"
+) -> None:
+    """Refuse, before anything is touched, an output folder that is an input too (any spelling
+    of the same folder: a trailing slash, ``..``, a symbolic link) or holds one: writing or
+    replacing it would delete what the same command reads. ``inputs``: flag -> path."""
+    for name, path in inputs.items():
+        if path is not None and _same_or_inside(Path(path), Path(out)):
+            where = "is" if _same_or_inside(Path(out), Path(path)) else "holds"
+            raise LMError(
+                f"{flag} {out}: {where} {name} {path}, which this command reads; writing it "
+                f"would delete it; choose another {flag}"
+            )
+
+
+def _same_or_inside(inner: Path, outer: Path) -> bool:
+    """``inner`` is ``outer`` or lies inside it, however either is spelled."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if inner == outer or outer in inner.parents:
+        return True
+    if not outer.exists():
+        return False
+    # The same folder under two names resolve() cannot join (a bind mount, a hard link).
+    return any(p.exists() and os.path.samefile(p, outer) for p in (inner, *inner.parents))
 
 
 def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
@@ -372,10 +401,13 @@ def recorded_init_from(run_dir: Path) -> str | None:
         return None
 
 
-def config_for_init(config: Config, source: str | Path) -> Config:
+def config_for_init(
+    config: Config, source: str | Path, log: Callable[[str], None] | None = None
+) -> Config:
     """``config`` made to start from ``source``'s weights: it tokenizes with ``source``'s
     tokenizer.json (the ids the weights know), and its model must fit them; checked here,
-    before any data is read."""
+    before any data is read. A tokenizer setting that this replaces, other than what the source
+    itself was trained with, gets a note through ``log``; config.yaml records what is used."""
     source = Path(source)
     saved, _ = _init_source(source)
     own = source / TOKENIZER
@@ -389,7 +421,21 @@ def config_for_init(config: Config, source: str | Path) -> Config:
             f"data.tokenizer: {named} is not the tokenizer of --init-from {source}; its "
             f"weights need {own} (leave data.tokenizer as char, byte or bpe, or name it)"
         )
-    config = config.replace(data=dataclasses.replace(config.data, tokenizer=str(own.resolve())))
+    if log is not None and named in BUILTIN_TOKENIZERS and named != saved.data.tokenizer:
+        vocab = saved.model.vocab_size
+        log(
+            f"lm: note: data.tokenizer: {named} is not used: --init-from {source} needs its own "
+            f"tokenizer ({own.resolve()}, {vocab} tokens), whose ids its weights know; "
+            "config.yaml records it"
+        )
+    if log is not None and config.data.vocab_size not in (None, saved.data.vocab_size):
+        log(
+            f"lm: note: data.vocab_size: {config.data.vocab_size} is not used: the tokenizer is "
+            "not trained anew"
+        )
+    # data.vocab_size sizes a tokenizer trained on the data; one read from a file has its own.
+    data = dataclasses.replace(config.data, tokenizer=str(own.resolve()), vocab_size=None)
+    config = config.replace(data=data)
     model_cfg = dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
     with torch.device("meta"):  # shapes only: no memory, no initialisation work
         _check_fits(source, saved.model, TransformerLM(model_cfg))
@@ -425,6 +471,19 @@ def init_weights_from(
             "step": read_state(folder)["step"],
         }
         path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def check_has_optimizer(run_dir: Path, checkpoint: Path, state: dict[str, Any]) -> None:
+    """``--resume`` continues the optimizer too: a checkpoint of weights alone (an imported run)
+    has nothing to continue, and a new run starts from its weights instead."""
+    if "optimizer.safetensors" in state.get("sha256", {}):
+        return
+    origin = state.get("imported_from")
+    what = f"was imported from {origin}" if origin else f"holds weights only ({checkpoint.name})"
+    raise SharedError(
+        f"{run_dir}: {what} and has no optimizer state, so --resume has nothing to continue; "
+        f"start a new run from its weights: lm train CONFIG --init-from {run_dir} --out NEW_RUN"
+    )
 
 
 def check_resumable(saved: Config, config: Config) -> None:

@@ -13,14 +13,22 @@ place of its own; runs of the other schemes are measured once, as trained.
 and throughput, its validation loss at each evaluation length (default 1x, 2x and 4x the
 trained context; by ``lm.evaluate.evaluate_lengths``, the code behind ``lm eval``) and a greedy
 continuation of a prompt. ``lm.report`` renders the report from those results alone.
+
+How a folder's report measures its runs is part of the folder's record, ``sweep.json``: the runs
+in their order and the :class:`Evaluation` settings, written when a sweep starts and with every
+report. ``lm compare DIR`` (the report alone) reads it back, so a rebuilt report is the same
+report; a flag given to the rebuild replaces its one setting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 import statistics
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +56,51 @@ EXTRAPOLATION = ("1x", "2x", "4x")
 """Default evaluation lengths: multiples of the trained context."""
 EVAL_KEYS = ("eval.rope_scaling",)
 """Keys ``--vary`` may sweep at evaluation time, on the same trained runs."""
+RECORD = "sweep.json"
+DEFAULT_MAX_NEW_TOKENS = 80
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How a report measures its runs (``lm compare``'s evaluation flags)."""
+
+    eval_lengths: list[str] | None = None
+    """Evaluation lengths (``2x``, ``256``); None: :data:`EXTRAPOLATION`."""
+    rope_scalings: list[str] | None = None
+    """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
+    eval_batches: int | None = None
+    """Batches per length; None: the whole validation split."""
+    prompt: str = DEFAULT_PROMPT
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+
+    def given(self, **flags: Any) -> Evaluation:
+        """These settings, with each flag that was given (not None) in place of its own."""
+        return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
+
+
+def write_record(out_dir: Path, runs: list[Path], evaluation: Evaluation) -> None:
+    """``out_dir/sweep.json``: the runs of its report in order (relative to ``out_dir`` when
+    inside it) and how they are evaluated."""
+    names = []
+    for run in runs:
+        inside = out_dir.resolve() in run.resolve().parents
+        names.append(os.path.relpath(run, out_dir) if inside else str(run.resolve()))
+    record = {"runs": names, **dataclasses.asdict(evaluation)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def read_record(folder: Path) -> tuple[list[Path], Evaluation] | None:
+    """The runs and evaluation settings ``folder/sweep.json`` records; None without one."""
+    path = folder / RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        runs = [folder / name for name in record.pop("runs")]
+        return runs, Evaluation(**record)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise LMError(f"{path}: not a record lm compare wrote; delete it to rebuild") from None
 
 
 def _quiet(message: str) -> None:
@@ -153,12 +206,15 @@ def run_sweep(
     overrides: list[str] | None = None,
     out_dir: str | Path = DEFAULT_OUT,
     quiet: bool = False,
+    evaluation: Evaluation = Evaluation(),
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
     ``vary_key`` None: the config as it is, once per seed. ``seeds`` default to the config's
     own ``train.seed``. Every config is built and checked before the first run starts, so a bad
-    value fails at once, not after an hour of training.
+    value fails at once, not after an hour of training. ``out_dir/sweep.json`` records the runs
+    and ``evaluation`` before the first one trains, so that an interrupted sweep's report, built
+    alone, is evaluated as the finished sweep's would be.
     """
     overrides = overrides or []
     out_dir = Path(out_dir)
@@ -174,6 +230,7 @@ def run_sweep(
         for value, setting in settings
         for seed in seeds
     ]
+    write_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     for run_dir, config in plan:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
@@ -301,43 +358,41 @@ def _check_rope(positions: Iterable[str]) -> None:
 def report(
     run_dirs: list[Path],
     out_dir: str | Path = DEFAULT_OUT,
+    evaluation: Evaluation = Evaluation(),
     *,
-    rope_scalings: list[str] | None = None,
-    eval_lengths: list[str] | None = None,
-    prompt: str | None = None,
-    max_new_tokens: int = 80,
-    eval_batches: int | None = None,
     device: str = "cpu",
     log: Callable[[str], None] = print_to_stderr,
 ) -> str:
-    """Measure every run and write the report into ``out_dir``; return its Markdown.
+    """Measure every run as ``evaluation`` says, write the report and its record
+    (``sweep.json``) into ``out_dir``; return the Markdown.
 
-    ``rope_scalings``: every RoPE run is measured once per extension (``none``: as trained),
-    the other runs once. ``eval_lengths``: the evaluation lengths (default 1x, 2x, 4x)."""
+    Every RoPE run is measured once per extension of ``evaluation.rope_scalings`` (``none``: as
+    trained), the other runs once."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
-    prompt = DEFAULT_PROMPT if prompt is None else prompt
+    e = evaluation
     positions = {Path(d): load_config(Path(d) / CONFIG).model.position for d in run_dirs}
-    if rope_scalings is not None:
+    if e.rope_scalings is not None:
         _check_rope(positions.values())
     results = []
     for run_dir, position in positions.items():
-        variants = rope_scalings if rope_scalings is not None and position == "rope" else [None]
+        variants = e.rope_scalings if e.rope_scalings is not None and position == "rope" else [None]
         for variant in variants:
             how = "" if variant is None else f" with rope_scaling {variant}"
             log(f"compare: evaluating {run_dir}{how}")
             results.append(
                 measure_run(
                     run_dir,
-                    prompt,
-                    max_new_tokens,
-                    eval_batches,
+                    e.prompt,
+                    e.max_new_tokens,
+                    e.eval_batches,
                     device,
-                    eval_lengths,
+                    e.eval_lengths,
                     variant,
                 )
             )
-    markdown = write_report(results, out_dir, prompt, max_new_tokens)
+    markdown = write_report(results, out_dir, e.prompt, e.max_new_tokens)
+    write_record(Path(out_dir), list(positions), evaluation)
     log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and {len(PICTURES)} pictures")
     return markdown
 
@@ -350,20 +405,33 @@ def compare(
     out: str | Path | None = None,
     quiet: bool = False,
     rope_scaling: str | None = None,
-    **report_options: Any,
+    *,
+    eval_lengths: list[str] | None = None,
+    eval_batches: int | None = None,
+    prompt: str | None = None,
+    max_new_tokens: int | None = None,
+    device: str = "cpu",
 ) -> str:
     """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
     of runs that exist (run folders, or folders holding them). Returns the Markdown.
 
     ``vary`` holds at most one config key to train over and at most one evaluation key
     (``eval.rope_scaling``), which measures the same trained runs again without retraining;
-    ``rope_scaling`` is one evaluation-time extension for every RoPE run."""
+    ``rope_scaling`` is one evaluation-time extension for every RoPE run. The evaluation flags
+    left None take their defaults in a sweep, and in a report alone of one folder the settings
+    its record (``sweep.json``) holds."""
     is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
     log = _quiet if quiet else print_to_stderr
     if out is not None:
         check_out_dir(out)
     training, rope_scalings = split_varies(vary or [], rope_scaling)
-    report_options["rope_scalings"] = rope_scalings
+    flags = {
+        "eval_lengths": eval_lengths,
+        "rope_scalings": rope_scalings,
+        "eval_batches": eval_batches,
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+    }
     if training is not None or is_config:
         if not is_config:
             raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
@@ -377,11 +445,18 @@ def compare(
             configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
             _check_rope(c.model.position for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
-        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet)
-        return report(runs, out_dir, log=log, **report_options)
+        evaluation = Evaluation().given(**flags)
+        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation)
+        return report(runs, out_dir, evaluation, device=device, log=log)
     if seeds is not None or overrides:
         raise ConfigError("--seeds and --set shape a sweep: use them with CONFIG.yaml --vary")
     runs = find_runs(paths)
+    recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
+    evaluation = Evaluation()
+    if recorded is not None:  # the report this folder holds: its runs in order, its settings
+        order, evaluation = recorded
+        runs = [r for r in order if r in runs] + [r for r in runs if r not in order]
+    evaluation = evaluation.given(**flags)
     if out is not None:
         out_dir = Path(out)
     elif len(paths) == 1:
@@ -389,7 +464,7 @@ def compare(
     else:
         out_dir = DEFAULT_OUT
         _refuse_other_report(out_dir, runs)
-    return report(runs, out_dir, log=log, **report_options)
+    return report(runs, out_dir, evaluation, device=device, log=log)
 
 
 def _refuse_other_report(out_dir: Path, runs: list[Path]) -> None:

@@ -34,7 +34,7 @@ from lm.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lm.config import Config, load_config
+from lm.config import Config, ConfigError, load_config
 from lm.data import PreparedData, prepare_data, print_to_stderr
 from lm.distributed import (
     World,
@@ -56,9 +56,11 @@ from lm.runs import (
     METRICS,
     TOKENIZER,
     RunLock,
+    check_has_optimizer,
     check_resumable,
     clear_run,
     init_weights_from,
+    refuse_overlap,
     refuse_to_clobber,
     resume_checkpoint,
     short_validation,
@@ -104,6 +106,7 @@ def train(
     own); ``lm.runs.config_for_init`` makes the config fit them first.
     """
     run_dir = Path(run_dir)
+    refuse_overlap(run_dir, {"--init-from": init_from})  # before anything is touched
     check_board(config.train.tensorboard)
     device, world = _join(config)
     lock = RunLock(run_dir)
@@ -176,6 +179,12 @@ def _prepare_run(
 ) -> _Run:
     """Claim ``run_dir``, find the checkpoint to resume from, prepare the data, write the record."""
     config.train.accumulation(world.size)  # the batch numbers divide, or one line says not
+    dtype = resolve_dtype(config.train.dtype, device, config.model)
+    if config.train.parallel == "fsdp" and dtype == torch.float16:  # as TrainConfig says for fp16
+        raise ConfigError(
+            f"train.dtype: auto is fp16 on this {device.type} (no bf16), which cannot run sharded "
+            "(train.parallel: fsdp); set train.dtype: fp32, or parallel: ddp"
+        )
     if world.is_main:
         # The lock first: a live writer is the first thing a second process must hear of.
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,7 +202,16 @@ def _prepare_run(
     saved: dict[str, Any] = {}
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
+        check_has_optimizer(run_dir, checkpoint, saved)
         check_resumable(load_config(run_dir / CONFIG), config)
+        trained_on = saved.get("world_size", 1)
+        if trained_on != world.size:  # TrainBatches: the global batch does not depend on it
+            _log(world, quiet, (
+                f"lm: note: {run_dir} trained on {trained_on} process{'es' * (trained_on > 1)} "
+                f"and resumes on {world.size}: every step trains on the same global batch, "
+                "split otherwise, so the losses match an uninterrupted run to float rounding, "
+                "not bit for bit (with dropout, less: its random masks differ)"
+            ))  # fmt: skip
     elif world.is_main and (overwrite or resume):
         clear_run(run_dir)  # a fresh start: no lines of an earlier attempt stay in the log
 

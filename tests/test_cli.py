@@ -87,11 +87,25 @@ def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsy
     assert main(["eval", str(run), *args]) == 0
     plain = json.loads((run / "eval.json").read_text())
     assert plain["rope_scaling"] is None
+    # One result per setting, each table naming its setting; eval.json stays the run as trained.
     for method in ("pi:2", "ntk:2", "yarn:2"):
+        capsys.readouterr()
         assert main(["eval", str(run), *args, "--rope-scaling", method]) == 0
-        assert json.loads((run / "eval.json").read_text())["rope_scaling"] == method
+        path = run / f"eval.{method.replace(':', '_')}.json"
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first == (
+            f"rope_scaling {method} at evaluation time, in place of the trained none ({path})"
+        )
+        assert json.loads(path.read_text())["rope_scaling"] == method
+    assert json.loads((run / "eval.json").read_text()) == plain
     assert main(["eval", str(run), *args, "--rope-scaling", "none"]) == 0
     assert json.loads((run / "eval.json").read_text())["rows"] == plain["rows"]  # as trained
+    assert sorted(p.name for p in run.glob("eval*.json")) == [
+        "eval.json",
+        "eval.ntk_2.json",
+        "eval.pi_2.json",
+        "eval.yarn_2.json",
+    ]
     # The same weights; only the angles change, YaRN's L being the trained context.
     trained_model = load_evaluated(run).model
     extended = load_evaluated(run, rope_scaling="yarn:2").model

@@ -328,3 +328,26 @@ def test_one_config_evaluated_with_each_extension_needs_no_training_vary(sweep, 
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("# Runs compared by rope_scaling\n")
     assert table_row(out, "none", 4)[0] == "none" and table_row(out, "ntk:2", 4)[0] == "ntk:2"
+
+
+def test_a_rebuilt_report_is_the_same_report(sweep, tmp_path, capsys):
+    """``lm compare SWEEP_DIR`` rebuilds the report the sweep wrote: the same runs in the same
+    order, evaluated with the sweep's extensions, lengths, batches, prompt and length."""
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep.out, out)
+    argv = [a if a != str(sweep.out) else str(out) for a in sweep.argv]
+    argv += ["--vary", "eval.rope_scaling=none,ntk:4", "--eval-lengths", "1x,2x"]
+    argv += ["--eval-batches", "2", "--prompt", "def f", "--max-new-tokens", "6"]
+    assert main(argv) == 0
+    written = {name: (out / name).read_bytes() for name in ("report.md", "report.json")}
+    labels = [r["label"] for r in json.loads(written["report.json"])["runs"]]
+    assert labels == ["rope", "rope + ntk:4", "learned"]
+    for name in written:
+        (out / name).unlink()
+    capsys.readouterr()
+    assert main(["compare", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == written["report.md"].decode().strip()
+    assert {name: (out / name).read_bytes() for name in written} == written
+    # A flag given to the rebuild still says what it asks for.
+    assert main(["compare", str(out), "--quiet", "--eval-lengths", "1x"]) == 0
+    assert table_row(out, "position", 2) == ["position", "val loss @32 (1×)"]

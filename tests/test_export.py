@@ -7,8 +7,11 @@ on a left-padded batch, decode the same greedy tokens, and an import must return
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -18,13 +21,13 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm.cli import main
+from lm.config import POSITIONS, ModelConfig
 from lm.hf import TARGETS, mpt_slopes
 from lm.position import alibi_slopes, positions_from_mask
 from lm.runs import load_run
 from lm.sample import generate
 from lm.tokenizer import train_tokenizer
 
-POSITIONS = ("rope", "learned", "sinusoidal", "none", "alibi")
 ARCHITECTURES = {
     "gpt_neox": "GPTNeoXForCausalLM",
     "gpt2": "GPT2LMHeadModel",
@@ -195,25 +198,90 @@ def test_auto_tokenizer_encodes_and_decodes_as_lm(kind, tmp_path):
         assert auto.unk_token_id == tok.unk_id
 
 
-@pytest.mark.parametrize(
-    "model",
-    [
-        {"position": "rope", "bias": True, "tie_embeddings": False, "rope_base": 500.0},
-        {"position": "learned", "bias": True, "tie_embeddings": False, "d_ff": 48, "dropout": 0.1},
-        {"position": "sinusoidal", "bias": True, "tie_embeddings": False, "n_head": 4},
-        {"position": "none", "tie_embeddings": False, "norm_eps": 1e-6},
-        {"position": "alibi", "tie_embeddings": False, "n_head": 4, "dropout": 0.1},
-    ],
-    ids=["rope", "learned", "sinusoidal", "none", "alibi"],
-)
-def test_biased_and_untied_models_export_and_return_exactly(model, tmp_path):
+# Every model key away from its default, for every scheme: each case is exported exactly
+# (transformers' logits equal lm's, and an import gives back the same config and bits) or
+# refused in one line naming why. ``None`` expects an exact export; a string, a refusal saying it.
+SHAPE = {"bias": True, "tie_embeddings": False, "d_ff": 48, "norm_eps": 1e-6, "dropout": 0.1}
+
+
+def case(refusal: str | None = None, **model: Any) -> tuple[dict[str, Any], str | None]:
+    return model, refusal
+
+
+EVERY_SETTING = {
+    "rope-shape": case(position="rope", **SHAPE, n_head=4, rope_base=500.0),
+    "rope-layers": case(position="rope", n_layer=1, attention="math"),
+    "rope-pi": case(position="rope", rope_scaling="pi:4"),
+    "rope-pi-factor-1": case(position="rope", rope_scaling="pi:1"),
+    "rope-ntk": case(position="rope", rope_scaling="ntk:2"),
+    "rope-fraction": case(position="rope", rope_fraction=0.5),
+    "rope-one-pair": case(position="rope", rope_fraction=0.125),
+    "rope-fraction-pi": case(position="rope", rope_fraction=0.5, rope_scaling="pi:2.5"),
+    "rope-fraction-ntk": case(
+        position="rope", rope_fraction=0.25, rope_scaling="ntk:4", rope_base=1e3
+    ),
+    # A context of 64 or 32: pairs that turn 1 to 32 times over it, where the ramps differ.
+    "rope-yarn": case("YaRN ramp is linear in the pair", position="rope", rope_scaling="yarn:2"),
+    "rope-yarn-original": case(
+        "pair 0 of 8",
+        position="rope",
+        rope_scaling="yarn:4",
+        context_length=128,
+        rope_original_context=32,
+    ),
+    # Two pairs per head, one turning 41 times over 256 tokens, one 0.4 times: the ramps agree.
+    "rope-yarn-agrees": case(
+        position="rope",
+        rope_scaling="yarn:4",
+        d_model=8,
+        context_length=512,
+        rope_original_context=256,
+    ),
+    "rope-yarn-fraction": case(
+        "unrotated features",
+        position="rope",
+        rope_scaling="yarn:3",
+        d_model=16,
+        rope_fraction=0.5,
+        context_length=256,
+    ),
+    "learned": case(position="learned", **SHAPE, n_head=4, context_length=32),
+    "sinusoidal": case(position="sinusoidal", **SHAPE, n_head=4),
+    "none": case(position="none", **SHAPE, attention="math"),
+    "alibi": case(
+        position="alibi", tie_embeddings=False, n_head=4, dropout=0.1, norm_eps=1e-6, n_layer=1
+    ),
+    "alibi-bias": case("no biases", position="alibi", bias=True),
+    "alibi-d-ff": case("4 x d_model", position="alibi", d_ff=64),
+}
+
+
+def test_every_model_key_is_set_away_from_its_default_by_some_case():
+    varied = {key for model, _ in EVERY_SETTING.values() for key in model}
+    assert {f.name for f in fields(ModelConfig)} - varied == {"vocab_size"}
+    positions = {model["position"] for model, _ in EVERY_SETTING.values()}
+    assert positions == set(POSITIONS)
+
+
+@pytest.mark.parametrize(("model", "refusal"), EVERY_SETTING.values(), ids=EVERY_SETTING.keys())
+def test_every_setting_of_every_scheme_exports_exactly_or_is_refused(
+    model, refusal, tmp_path, capsys
+):
     run_dir = untrained_run(tmp_path, **model)
     out, back_dir = tmp_path / "hf", tmp_path / "back"
+    if refusal is not None:
+        refused(capsys, ["export", str(run_dir), "--out", str(out)], refusal)
+        nothing_written(tmp_path, "hf")
+        return
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     hf, info, tok = load_export(out)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     run = load_run(run_dir)
-    assert largest_difference(run, hf, tok) < 1e-4
+    # Left padding, and a text past the trained context (where the RoPE extensions matter most).
+    texts = [*TEXTS, "x = 1\n" * (run.config.model.context_length // 4)]
+    if model["position"] == "learned":
+        texts = TEXTS
+    assert largest_difference(run, hf, tok, texts) < 1e-4
     assert main(["import", str(out), "--out", str(back_dir)]) == 0
     back = load_run(back_dir)
     assert back.config.model == run.config.model
@@ -226,6 +294,29 @@ def test_biased_and_untied_models_export_and_return_exactly(model, tmp_path):
         assert torch.equal(theirs.pop("embed.weight") * scale, ours.pop("embed.weight") * scale)
     for name, tensor in ours.items():
         assert torch.equal(theirs[name], tensor), name
+
+
+def test_rope_settings_are_written_where_transformers_reads_them(tmp_path):
+    """The rope_parameters of each setting, and the keys transformers 4 reads instead."""
+    from lm.position import ntk_base
+
+    cases = {
+        "pi:4": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+        "ntk:2": {"rope_type": "default", "rope_theta": ntk_base(1e4, 2.0, 8)},
+    }
+    for i, (scaling, wanted) in enumerate(cases.items()):
+        run_dir = untrained_run(
+            tmp_path / str(i), position="rope", rope_scaling=scaling, rope_fraction=0.5
+        )
+        out = tmp_path / str(i) / "hf"
+        assert main(["export", str(run_dir), "--out", str(out)]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config["rope_parameters"] == {**wanted, "partial_rotary_factor": 0.5}
+        assert config["rotary_pct"] == 0.5
+        assert config["rotary_emb_base"] == config["rope_theta"] == wanted["rope_theta"]
+        assert config.get("rope_scaling") == (
+            config["rope_parameters"] if wanted["rope_type"] != "default" else None
+        )
 
 
 def test_bias_free_layers_export_zero_biases(tmp_path):
@@ -251,6 +342,22 @@ def test_half_precision_exports(dtype, tmp_path):
     back = load_run(tmp_path / "back").model.state_dict()
     for name, tensor in load_run(run_dir).model.state_dict().items():
         assert torch.equal(back[name], tensor.to(wanted).float()), name
+
+
+@pytest.mark.parametrize(
+    ("position", "positions", "needle"),
+    [
+        ("sinusoidal", "100000000", "1 GiB"),
+        ("none", "100000000", "1 GiB"),
+        ("rope", str(2**24 + 1), "2^24"),
+        ("alibi", "100000000000000000000", "2^24"),
+    ],
+)
+def test_max_positions_is_bounded_in_one_line(position, positions, needle, tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, position=position)
+    argv = ["export", str(run_dir), "--out", str(tmp_path / "hf"), "--max-positions", positions]
+    refused(capsys, argv, f"--max-positions {positions}", needle)
+    nothing_written(tmp_path, "hf")
 
 
 @pytest.mark.parametrize("n_head", [1, 2, 3, 4, 6, 8, 12, 16])
@@ -324,19 +431,6 @@ def test_export_refuses_bad_input(tmp_path, capsys):
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
 
-@pytest.mark.parametrize(
-    ("model", "needle"),
-    [
-        ({"position": "alibi", "bias": True}, "no biases"),
-        ({"position": "alibi", "d_ff": 64}, "4 x d_model"),
-    ],
-)
-def test_models_transformers_cannot_express_are_refused(model, needle, tmp_path, capsys):
-    run_dir = untrained_run(tmp_path, **model)
-    refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], needle)
-    nothing_written(tmp_path, "hf")
-
-
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -364,12 +458,22 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
     # Exports edited into shapes lm does not have: the first mismatch is named.
     rope = untrained_run(tmp_path / "rope", position="rope")
     learned = untrained_run(tmp_path / "learned", position="learned")
+    lm_can = "lm computes rope_type default (any rope_theta; NTK-aware scaling exports as one)"
     cases = [
         (rope, {"use_parallel_residual": True}, "use_parallel_residual"),
-        (rope, {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25}}, "partial"),
+        (rope, {"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.1875}}, "3 of"),
         (rope, {"hidden_act": "gelu_new"}, "hidden_act"),
         (learned, {"activation_function": "gelu_new"}, "activation_function"),
-    ]
+        (rope, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "grows the base"),
+        (rope, {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0}}, lm_can),
+        (
+            rope,
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0,
+                                 "original_max_position_embeddings": 64}},
+            "YaRN ramp is linear in the pair index",
+        ),
+    ]  # fmt: skip
     for i, (run_dir, change, needle) in enumerate(cases):
         out = tmp_path / f"hf{i}"
         assert main(["export", str(run_dir), "--out", str(out)]) == 0
@@ -381,3 +485,41 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
     # An existing run is never replaced without --overwrite.
     refused(capsys, ["import", str(tmp_path / "hf3"), "--out", str(rope)], "already exists")
     assert (rope / "config.yaml").is_file()
+
+
+def test_an_out_under_a_file_is_one_line(tmp_path, capsys):
+    run_dir = untrained_run(tmp_path, position="rope")
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    for argv in (
+        ["export", str(run_dir), "--out", str(tmp_path / "file" / "hf")],
+        ["import", str(tmp_path / "hf"), "--out", str(tmp_path / "file" / "run")],
+    ):
+        refused(capsys, argv, "--out", "sits under", "a file")
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_nothing_replaces_the_folder_it_reads(tmp_path, capsys):
+    """Import into its own source, or into a folder above it; export over a folder holding its
+    checkpoint: refused before anything is read or replaced."""
+    run_dir = untrained_run(tmp_path, position="rope")
+    hf = tmp_path / "exports" / "hf"
+    assert main(["export", str(run_dir), "--out", str(hf)]) == 0
+    before = {p: p.read_bytes() for p in hf.rglob("*") if p.is_file()}
+    for out in (hf, tmp_path / "exports" / "." / "hf", tmp_path / "exports"):
+        argv = ["import", str(hf), "--out", str(out), "--overwrite"]
+        refused(capsys, argv, f"--out {out}", "the model folder", "choose another --out")
+    assert {p: p.read_bytes() for p in hf.rglob("*") if p.is_file()} == before
+    checkpoint = tmp_path / "exports" / "kept" / "step_00000000"
+    shutil.copytree(next((run_dir / "checkpoints").iterdir()), checkpoint)
+    argv = [
+        "export",
+        str(run_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(checkpoint.parent),
+    ]
+    refused(capsys, [*argv, "--overwrite"], "holds the checkpoint", "choose another --out")
+    refused(capsys, ["export", str(run_dir), "--out", str(run_dir)], "is the run")
+    assert checkpoint.is_dir()

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from _support import metrics, tiny_config, varied_corpus, write_config
+import yaml
+from _support import expect_error, metrics, tiny_config, varied_corpus, write_config
 
+import lm.train
 from lm.cli import main
 from lm.model import TransformerLM
 from lm.runs import config_for_init, init_weights_from, load_run
@@ -124,3 +128,70 @@ def test_another_tokenizer_or_a_non_run_is_refused(source, tmp_path, capsys):
     assert main(argv) == 2
     assert "not a run directory" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_an_output_that_is_also_the_input_is_refused_before_anything_is_touched(
+    source, tmp_path, capsys
+):
+    """``--init-from X --out X --overwrite`` once deleted X's checkpoints, config and tokenizer
+    and then failed. Any spelling of the same folder is refused first, with X left as it was."""
+    copy = tmp_path / "x"
+    shutil.copytree(source, copy)
+    (tmp_path / "link").symlink_to(copy)
+    before = _snapshot(copy)
+    cfg = write_config(tmp_path / "c.yaml", model={"context_length": 64})
+    spellings = [str(copy), f"{copy}/", str(tmp_path / "x" / ".." / "x"), str(tmp_path / "link")]
+    for out in spellings:
+        for flag in ("--overwrite", "--resume"):
+            argv = ["train", str(cfg), "--init-from", str(copy), "--out", out, flag]
+            expect_error(capsys, argv, f"--out {Path(out)}: is --init-from", "another --out")
+            assert _snapshot(copy) == before
+
+
+def test_resume_of_an_imported_run_says_it_has_no_optimizer_state_and_records_nothing(
+    source, tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("transformers")
+    hf, imported = tmp_path / "hf", tmp_path / "imported"
+    assert main(["export", str(source), "--out", str(hf)]) == 0
+    assert main(["import", str(hf), "--out", str(imported)]) == 0
+    before = _snapshot(imported)
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was prepared")
+
+    monkeypatch.setattr(lm.train, "prepare_data", no_data)
+    capsys.readouterr()
+    argv = ["train", str(imported / "config.yaml"), "--out", str(imported), "--resume"]
+    expect_error(capsys, argv, "imported", "no optimizer state", f"--init-from {imported}")
+    assert _snapshot(imported) == before  # run.json records no resume
+
+
+def test_a_tokenizer_setting_that_init_from_replaces_gets_a_note(source, tmp_path, capsys):
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"tokenizer": "bpe", "vocab_size": 300, "cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 1, "eval_every": 1, "tensorboard": False},
+    )
+    capsys.readouterr()
+    out = tmp_path / "tuned"
+    assert main(["train", str(cfg), "--out", str(out), "--init-from", str(source)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note" in line]
+    own = (source / "tokenizer.json").resolve()
+    vocab = load_run(source).tokenizer.vocab_size
+    assert notes == [
+        f"lm: note: data.tokenizer: bpe is not used: --init-from {source} needs its own "
+        f"tokenizer ({own}, {vocab} tokens), whose ids its weights know; config.yaml records it",
+        "lm: note: data.vocab_size: 300 is not used: the tokenizer is not trained anew",
+    ]
+    data = yaml.safe_load((out / "config.yaml").read_text())["data"]
+    assert data["tokenizer"] == str(own) and data["vocab_size"] is None
+    # The tokenizer the source recorded, named again, needs no note.
+    cfg = write_config(tmp_path / "d.yaml", train={"max_steps": 1, "eval_every": 1})
+    argv = ["train", str(cfg), "--out", str(tmp_path / "again"), "--init-from", str(source)]
+    assert main(argv) == 0
+    assert "note" not in capsys.readouterr().err

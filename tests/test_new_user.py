@@ -13,6 +13,7 @@ import sys
 from unittest import mock
 
 import pytest
+from _export_support import untrained_run
 from _support import expect_error, train_via_cli, write_config
 
 from lm.cli import _read_prompts, main
@@ -301,3 +302,20 @@ def test_training_warns_when_the_context_is_longer_than_the_validation_split(tmp
         == 0
     )
     assert "warning" not in capsys.readouterr().err
+
+
+def test_messages_point_the_right_way(run, tmp_path, capsys):
+    """Each says what to change: the text, the tab, the micro-batch."""
+    learned = untrained_run(tmp_path / "learned", position="learned")  # a table of 64 positions
+    argv = ["attention", str(learned), "--text", "x" * 100]
+    expect_error(capsys, argv, "--text: 100 tokens", "64 positions", "shorten --text")
+    tabbed = tmp_path / "tab.yaml"
+    tabbed.write_text("train:\n\tlr: 0.1\n")
+    expect_error(capsys, ["train", str(tabbed)], "line 2, column 1", "a tab", "indent with spaces")
+    cfg = write_config(tmp_path / "c.yaml", train={"batch_size": 8, "micro_batch_size": 16})
+    expect_error(
+        capsys,
+        ["train", str(cfg), "--out", str(tmp_path / "r")],
+        "train.micro_batch_size: 16",
+        "more than train.batch_size 8",
+    )

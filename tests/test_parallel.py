@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from _support import assert_one_line, losses, tiny_config, write_config
+from _support import assert_one_line, expect_error, losses, tiny_config, write_config
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from lm.batches import eval_batches
 from lm.checkpoint import latest_checkpoint
+from lm.cli import main
 from lm.config import ConfigError
 from lm.data import prepare_data
 from lm.runs import load_run
@@ -107,7 +108,7 @@ def test_fsdp_checkpoint_is_a_one_process_checkpoint(runs):
     torch.testing.assert_close(head.detach(), w2["embed.weight"], rtol=0, atol=0)
 
 
-def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path):
+def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path, capsys):
     # Stopped after 3 steps (all in warmup, so the schedule is the 6-step run's), then resumed.
     first = {"train": {**STEPS, "max_steps": 3, "checkpoint_every": 3, "parallel": "fsdp"}}
     torchrun(write_config(tmp_path / "three.yaml", **first), tmp_path / "resumed")
@@ -121,8 +122,18 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path):
         assert straight.keys() == resumed.keys()
         for k in straight:
             torch.testing.assert_close(resumed[k], straight[k], rtol=0, atol=0, msg=k)
-    # The same checkpoint resumed by one process goes on along the same curve.
-    train(tiny_config(**rest), tmp_path / "resumed_by_one", resume=True, quiet=True)
+    # The same checkpoint resumed by one process goes on along the same curve, and says that it
+    # continues to float rounding, not bit for bit.
+    capsys.readouterr()
+    argv = ["train", str(tmp_path / "six.yaml"), "--out", str(tmp_path / "resumed_by_one")]
+    assert main([*argv, "--resume"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "process" in line]
+    assert [n for n in notes if "note" in n] == [
+        f"lm: note: {tmp_path / 'resumed_by_one'} trained on 2 processes and resumes on 1: "
+        "every step trains on the same global batch, split otherwise, so the losses match an "
+        "uninterrupted run to float rounding, not bit for bit (with dropout, less: its random "
+        "masks differ)"
+    ], notes
     by_one, straight = losses(tmp_path / "resumed_by_one"), losses(runs / "fsdp")
     assert by_one.keys() == straight.keys()
     for step in straight:
@@ -147,3 +158,22 @@ def test_fsdp_with_muon_is_refused_in_one_line():
     with pytest.raises(ConfigError) as e:
         tiny_config(train={"parallel": "zero3"})
     assert_one_line(e, "train.parallel")
+
+
+def test_fsdp_with_fp16_is_refused_alike_in_one_process_and_under_torchrun(tmp_path, capsys):
+    """Once it trained silently in one process and was refused under torchrun, the line printed
+    by both processes glued together. Now: refused at load in both, said once."""
+    with pytest.raises(ConfigError) as e:
+        tiny_config(train={"parallel": "fsdp", "dtype": "fp16"})
+    assert_one_line(e, "fp16", "fsdp", "bf16")
+    cfg = write_config(tmp_path / "c.yaml", train={"parallel": "fsdp", "dtype": "fp16"})
+    expect_error(capsys, ["train", str(cfg), "--out", str(tmp_path / "one")], "fp16", "fsdp")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "lm", "train", str(cfg), "--out", str(tmp_path / "two"), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if "lm: " in line]
+    assert len(lines) == 1 and done.stderr.count("lm: ") == 1, done.stderr[-3000:]
+    assert lines[0].startswith("lm: error: train.dtype: fp16"), lines
+    assert not (tmp_path / "one").exists() and not (tmp_path / "two").exists()
