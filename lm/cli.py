@@ -238,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--device", default="auto", help="device of the report's evaluation: " + DEVICE_HELP
     )
+    c.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=1,
+        help="runs trained at once, each in its own process (default 1): on CPU the cores are "
+        "divided between them (train.threads), on GPUs they go round-robin over the devices",
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
@@ -448,6 +455,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         eval_batches=args.eval_batches,
         device=str(resolve_device(args.device, "--device")),
+        jobs=args.jobs,
     )
     print(markdown)
     return 0

@@ -328,6 +328,9 @@ class TrainConfig:
     """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
     dtype: str = "auto"
     """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
+    threads: int | None = None
+    """CPU threads of this run's math; default: torch's (the cores). fp32 sums split over another
+    number of threads round differently, so runs equal bit for bit at the same count only."""
     compile: bool | None = None
     """torch.compile the model: true | false; left out (null), it compiles on CUDA only."""
     parallel: str = "ddp"
@@ -368,7 +371,7 @@ class TrainConfig:
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
-        _positive(s, self, "micro_batch_size", "dist_timeout_s")
+        _positive(s, self, "micro_batch_size", "dist_timeout_s", "threads")
         _positive(s, self, "muon_lr")
         _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
         _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)

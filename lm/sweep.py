@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lm.checkpoint import latest_checkpoint, read_state
 from lm.config import (
     Config,
@@ -43,10 +45,12 @@ from lm.config import (
     parse_overrides,
     parse_rope_scaling,
 )
-from lm.data import print_to_stderr
+from lm.data import prepare_data, print_to_stderr
 from lm.evaluate import evaluate_lengths, load_evaluated
+from lm.jobs import Job, run_jobs, threads_per_job
 from lm.report import PICTURES, RunResult, write_report
 from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir
+from lm.runtime import resolve_device
 from lm.sample import generate
 from lm.train import train
 
@@ -207,6 +211,7 @@ def run_sweep(
     out_dir: str | Path = DEFAULT_OUT,
     quiet: bool = False,
     evaluation: Evaluation = Evaluation(),
+    jobs: int = 1,
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
@@ -214,24 +219,28 @@ def run_sweep(
     own ``train.seed``. Every config is built and checked before the first run starts, so a bad
     value fails at once, not after an hour of training. ``out_dir/sweep.json`` records the runs
     and ``evaluation`` before the first one trains, so that an interrupted sweep's report, built
-    alone, is evaluated as the finished sweep's would be.
+    alone, is evaluated as the finished sweep's would be. ``jobs`` > 1 trains that many runs at
+    once, each in its own process (:mod:`lm.jobs`).
     """
     overrides = overrides or []
     out_dir = Path(out_dir)
     log = _quiet if quiet else print_to_stderr
+    base = load_config(config_path, overrides)
     if seeds is None:
-        seeds = [load_config(config_path, overrides).train.seed]
+        seeds = [base.train.seed]
+    device = resolve_device(base.train.device, "train.device")
+    if jobs > 1 and device.type == "cpu" and base.train.threads is None:
+        overrides = [*overrides, f"train.threads={threads_per_job(jobs)}"]  # the cores, divided
     settings = [(v, [f"{vary_key}={v}"]) for v in values or []] if vary_key else [(None, [])]
     plan = [
-        (
-            _run_dir(out_dir, vary_key, value, seed),
-            load_config(config_path, [*overrides, *setting, f"train.seed={seed}"]),
-        )
+        (_run_dir(out_dir, vary_key, value, seed), [*overrides, *setting, f"train.seed={seed}"])
         for value, setting in settings
         for seed in seeds
     ]
+    configs = [load_config(config_path, keys) for _, keys in plan]  # every one checked first
     write_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
-    for run_dir, config in plan:
+    waiting = []
+    for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             _check_same_config(run_dir, config)
@@ -240,10 +249,15 @@ def run_sweep(
                 log(f"compare: {run_dir} is finished (step {state['step']}); reusing it")
                 continue
             log(f"compare: resuming {run_dir} from step {state['step']}")
-        else:
+        elif jobs == 1:
             log(f"compare: training {run_dir}")
-        # Without a checkpoint, whatever the folder holds (a run killed before its first
-        # save) is cleared and training starts over.
+        if jobs > 1:
+            # Without a checkpoint, whatever the folder holds (a run killed before its first
+            # save) is cleared and training starts over.
+            again = "--resume" if checkpoint is not None else "--overwrite"
+            args = [str(config_path), "--out", str(run_dir), again, "--set", *keys]
+            waiting.append((Job(run_dir, args, config.train.max_steps), config))
+            continue
         result = train(
             config,
             run_dir,
@@ -258,6 +272,12 @@ def run_sweep(
             )
         if result.status not in ("done", "target"):
             raise LMError(f"{run_dir}: {result.message}")
+    if waiting:
+        # The first run of each data config makes its tokenizer and ids; here, once, first.
+        for data in {c.data: None for _, c in waiting}:
+            prepare_data(data, log=None if quiet else log)
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        run_jobs([job for job, _ in waiting], jobs, gpus, log)
     return [run_dir for run_dir, _ in plan]
 
 
@@ -411,6 +431,7 @@ def compare(
     prompt: str | None = None,
     max_new_tokens: int | None = None,
     device: str = "cpu",
+    jobs: int = 1,
 ) -> str:
     """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
     of runs that exist (run folders, or folders holding them). Returns the Markdown.
@@ -446,10 +467,12 @@ def compare(
             _check_rope(c.model.position for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         evaluation = Evaluation().given(**flags)
-        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation)
+        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs)
         return report(runs, out_dir, evaluation, device=device, log=log)
-    if seeds is not None or overrides:
-        raise ConfigError("--seeds and --set shape a sweep: use them with CONFIG.yaml --vary")
+    if seeds is not None or overrides or jobs != 1:
+        raise ConfigError(
+            "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
+        )
     runs = find_runs(paths)
     recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
     evaluation = Evaluation()

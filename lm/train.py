@@ -110,7 +110,9 @@ def train(
     check_board(config.train.tensorboard)
     device, world = _join(config)
     lock = RunLock(run_dir)
+    threads = torch.get_num_threads()  # this run's own count, given back afterwards
     try:
+        torch.set_num_threads(config.train.threads or threads)
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
         net = _build(run)
@@ -120,6 +122,7 @@ def train(
         barrier(world)  # every process has stopped: none leaves another mid-collective
         return result
     finally:
+        torch.set_num_threads(threads)
         lock.release()
         close_world(world)
 

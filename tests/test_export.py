@@ -21,9 +21,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm.cli import main
-from lm.config import POSITIONS, ModelConfig
+from lm.config import ModelConfig
 from lm.hf import TARGETS, mpt_slopes
-from lm.position import alibi_slopes, positions_from_mask
+from lm.position import POSITIONS, alibi_slopes, positions_from_mask
 from lm.runs import load_run
 from lm.sample import generate
 from lm.tokenizer import train_tokenizer

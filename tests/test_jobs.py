@@ -1,0 +1,105 @@
+"""``lm compare --jobs N``: runs of a sweep trained side by side, each in its own process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from _support import losses, metrics, write_config
+
+from lm.checkpoint import latest_checkpoint
+from lm.cli import main
+
+SCHEMES = ("rope", "alibi", "learned")
+
+
+def _argv(cfg, out, cache, *extra):
+    return [
+        "compare",
+        str(cfg),
+        "--vary",
+        f"model.position={','.join(SCHEMES)}",
+        "--set",
+        f"data.cache_dir={cache}",
+        *extra,
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "4",
+        "--eval-lengths",
+        "1x",
+        "--quiet",
+    ]
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """The same sweep with two jobs at once and one run at a time, each run on the threads a
+    job gets."""
+    root = tmp_path_factory.mktemp("jobs")
+    cfg = write_config(
+        root / "tiny.yaml", train={"max_steps": 12, "eval_every": 6, "checkpoint_every": 6}
+    )
+    threads = max(1, torch.get_num_threads() // 2)
+    assert main(_argv(cfg, root / "jobs", root / "cache", "--jobs", "2")) == 0
+    sequential = _argv(cfg, root / "one", root / "cache", f"train.threads={threads}")
+    assert main(sequential) == 0
+    return root, cfg, threads
+
+
+def test_two_jobs_train_every_run_as_one_at_a_time_does(sweeps):
+    root, _, threads = sweeps
+    for scheme in SCHEMES:
+        together, alone = (root / out / f"position={scheme}" / "seed7" for out in ("jobs", "one"))
+        assert latest_checkpoint(together).name == "step_00000012"
+        config = yaml.safe_load((together / "config.yaml").read_text())
+        assert config["train"]["threads"] == threads  # the cores, divided between the jobs
+        for key in ("train_loss", "val_loss"):
+            assert losses(together, key) == losses(alone, key) != {}
+    assert (root / "jobs" / "report.md").is_file()
+
+
+def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(sweeps):
+    root, cfg, _ = sweeps
+    argv = _argv(cfg, root / "stopped", root / "cache", "train.max_steps=12", "--jobs", "2")
+    command = [sys.executable, "-m", "lm", *[a for a in argv if a != "--quiet"]]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    first = [root / "stopped" / f"position={s}" / "seed7" for s in SCHEMES[:2]]
+    deadline = time.monotonic() + 300
+    while not all(metrics(r) if (r / "metrics.jsonl").is_file() else [] for r in first):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("lm: interrupted; every job saved"), err
+    assert "Traceback" not in err, err
+    for run in first:
+        assert latest_checkpoint(run) is not None
+    assert not (root / "stopped" / f"position={SCHEMES[2]}").exists()  # never started
+    assert main([*argv, "--quiet"]) == 0  # the same command: resumes both, trains the third
+    for scheme in SCHEMES:
+        resumed, whole = (
+            root / out / f"position={scheme}" / "seed7" for out in ("stopped", "jobs")
+        )
+        assert losses(resumed) == losses(whole)
+
+
+def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(sweeps, capsys):
+    root, cfg, _ = sweeps
+    out = root / "failing"
+    argv = _argv(cfg, out, root / "cache", "--jobs", "2")
+    argv[argv.index("--vary") + 1] = "train.lr=3e-3,1e30"  # the second diverges at once
+    argv[argv.index("--set") + 1 : argv.index("--set") + 1] = ["train.max_steps=400"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lr=1e30" in err[0] and "non-finite" in err[0], err
+    healthy = out / "lr=3e-3" / "seed7"
+    step = int(latest_checkpoint(healthy).name.removeprefix("step_"))
+    assert 0 < step < 400  # stopped early, with a checkpoint to resume from
