@@ -101,7 +101,8 @@ class ModelConfig:
     position: str = "rope"
     """Position scheme: rope | sinusoidal | learned | alibi | none."""
     scale_embeddings: bool = True
-    """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
+    """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
+    which trains far worse (README, "Compare position schemes")."""
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
     rope_scaling: str | None = None
@@ -145,6 +146,11 @@ class ModelConfig:
             raise ConfigError(
                 f"model.position: rope rotates feature pairs, so the head width "
                 f"d_model/n_head={self.head_dim} must be even"
+            )
+        if self.position != "sinusoidal" and not self.scale_embeddings:
+            raise ConfigError(
+                f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
+                f"{self.position})"
             )
         if self.position == "sinusoidal" and self.d_model % 2:
             raise ConfigError(

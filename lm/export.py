@@ -252,6 +252,9 @@ def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> li
         except ValueError:
             origin = {}
     scheme = SCHEME_TEXT[m.position].format(positions=positions)
+    if m.position == "sinusoidal" and not m.scale_embeddings:
+        unscaled = "; the token embedding in `wte` unscaled, as the notes add it"
+        scheme = scheme.split("; the ")[0] + unscaled
     val = _val_loss(run)
     val_text = f"{val:.4f}" if val is not None else "not measured"
     commit = origin.get("git_commit") or "unknown"

@@ -9,7 +9,8 @@ lm scheme      target      how
 rope           GPT-NeoX    sequential residual; q/k rows permuted (below); RoPE's settings
                            as rope_parameters, each checked (lm.hf_rope)
 learned        GPT-2       ``wpe`` = lm's learned table
-sinusoidal     GPT-2       ``wpe`` = the notes' sinusoids; ``wte`` = sqrt(d) E; untied head E
+sinusoidal     GPT-2       ``wpe`` = the notes' sinusoids; ``wte`` = sqrt(d) E, untied head E
+                           (``wte`` = E, as lm's, without ``model.scale_embeddings``)
 none           GPT-2       ``wpe`` = zeros
 alibi          MPT         ``transformers`` always adds MPT's ALiBi bias (slopes checked)
 =============  ==========  ===============================================================
@@ -252,15 +253,16 @@ def to_hf(
 
     embed, head = state["embed.weight"], state["head.weight"]
     tied = cfg.tie_embeddings
-    if cfg.position == "sinusoidal":
+    if cfg.position == "sinusoidal" and cfg.scale_embeddings:
         # lm computes E[w] * sqrt(d) + p; GPT-2 computes wte[w] + wpe[p]. The same product,
         # rounded the same way, stored in wte; the head keeps the unscaled E.
         tensors[_EMBED[model_type]] = embed * math.sqrt(d)
-        tensors[_WPE] = sinusoidal_table(max_positions, d)
         tied = False
     else:
         tensors[_EMBED[model_type]] = embed
-    if cfg.position == "learned":
+    if cfg.position == "sinusoidal":
+        tensors[_WPE] = sinusoidal_table(max_positions, d)
+    elif cfg.position == "learned":
         tensors[_WPE] = state["pos_embed.weight"]
     elif cfg.position == "none":
         tensors[_WPE] = torch.zeros(max_positions, d)
@@ -512,11 +514,16 @@ def from_hf(
         else:
             state["pos_embed.weight"] = wpe.float()
 
-    if position == "sinusoidal":
+    embed = wte
+    if position == "sinusoidal" and not torch.equal(wte, head):
+        # lm's sqrt(d) E[w] + p when wte is sqrt(d) times a table (bit for bit); else E[w] + p.
         exact = tensors[_EMBED[model_type]].dtype == torch.float32
-        embed = _unscale(where, wte, math.sqrt(d), head, exact)
-    else:
-        embed = wte
+        try:
+            embed = _unscale(where, wte, math.sqrt(d), head, exact)
+        except CannotExpress:
+            keys["scale_embeddings"] = False
+    elif position == "sinusoidal":
+        keys["scale_embeddings"] = False
     keys["tie_embeddings"] = torch.equal(embed, head)
     state["embed.weight"] = embed
     state["head.weight"] = embed if keys["tie_embeddings"] else head

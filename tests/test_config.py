@@ -90,6 +90,7 @@ def test_bad_configs_give_one_line_naming_the_key(tmp_path, text, message):
         ("model.rope_fraction=0", "model.rope_fraction: must be in (0, 1], got 0.0"),
         ("model.rope_fraction=0.3", "0.3 of the 8 pairs of a head is 2.4 pairs"),
         ("model.rope_original_context=0", "model.rope_original_context: must be > 0"),
+        ("model.scale_embeddings=false", "model.scale_embeddings: applies to position: sinusoidal"),
     ],
 )
 def test_bad_rope_settings_are_one_line_naming_the_key(setting, message):

@@ -247,6 +247,7 @@ EVERY_SETTING = {
     ),
     "learned": case(position="learned", **SHAPE, n_head=4, context_length=32),
     "sinusoidal": case(position="sinusoidal", **SHAPE, n_head=4),
+    "sinusoidal-unscaled": case(position="sinusoidal", scale_embeddings=False),
     "none": case(position="none", **SHAPE, attention="math"),
     "alibi": case(
         position="alibi", tie_embeddings=False, n_head=4, dropout=0.1, norm_eps=1e-6, n_layer=1
