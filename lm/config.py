@@ -179,6 +179,11 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     @property
+    def layer_positions(self) -> tuple[str, ...]:
+        """Each layer's position scheme, ``n_layer`` names."""
+        return (self.position,) * self.n_layer
+
+    @property
     def rope_method(self) -> str:
         """The context extension's method: none | pi | ntk | yarn."""
         return self._rope_scaling[0]

@@ -11,8 +11,9 @@ row. With ``model.attention: sdpa`` plain causal attention takes SDPA's mask-fre
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -60,8 +61,13 @@ class Plan:
     """The scores' dtype, which an additive mask must have."""
     rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     """RoPE's cos and sin at ``positions``, ``[..., Lq, d_k/2]`` each."""
-    bias: Bias | None = None
-    """A position bias the layers share, in the kernel's form."""
+    biases: dict[type, Bias] = field(default_factory=dict)
+    """Position biases that the layers of one scheme share (ALiBi's), in the kernel's form, by
+    the scheme's part class: a hybrid of two such schemes keeps one of each."""
+
+    def sharing(self, kind: type, bias: Bias) -> Plan:
+        """This plan with ``bias`` shared by every layer whose part is a ``kind``."""
+        return dataclasses.replace(self, biases={**self.biases, kind: bias})
 
     def score_bias(self, score: Score) -> Bias:
         """``score`` in the form the kernel takes: a FlexAttention score function, or an
@@ -115,7 +121,7 @@ def build_plan(
     # One new query with a cache: the filled slots are exactly what it may read.
     causal = causal and (cache is None or T > 1)
     masked = key_mask is not None or segments is not None
-    biased = SCHEMES[config.position].acts_on == "scores"
+    biased = any(SCHEMES[name].acts_on == "scores" for name in config.layer_positions)
     dropout = config.dropout if training else 0.0
     chosen = _kernel(kernel or config.attention, device, causal, masked or biased, cache, dropout)
     if torch.is_autocast_enabled(device.type):

@@ -16,8 +16,10 @@ nothing             ``none``                    only the causal mask orders the 
 
 A part overrides only the hooks of its place, and the model and attention call every hook
 without asking which scheme they hold: ``embed`` (the model, once, on ``E[w]``), ``prepare``
-(the model, once per forward pass: what the layers share, such as RoPE's cos and sin), and
-``rotate`` and ``bias`` (each attention layer). A new scheme is a new part in :data:`SCHEMES`.
+(the model, once per forward pass, by the first part of each kind: what the layers share, such as
+RoPE's cos and sin), and ``rotate`` and ``bias`` (each attention layer). A new scheme is a new
+part in :data:`SCHEMES`. Each attention layer builds its own part (``attention_part(config,
+layer)``), so a part knows its layer.
 
 Every scheme counts real tokens only: padding takes no position and each packed document starts
 again at 0 (``positions_from_mask``, ``positions_from_segments``). RoPE can also rotate only the
@@ -55,7 +57,7 @@ class Scheme(nn.Module):
     acts_on = "nothing"
     """embeddings | queries and keys | scores | nothing."""
 
-    def __init__(self, config: ModelConfig | None = None):
+    def __init__(self, config: ModelConfig | None = None, layer: int | None = None):
         super().__init__()
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -107,7 +109,7 @@ class Sinusoidal(Scheme):
 
     acts_on = "embeddings"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.d = config.d_model
         self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
@@ -127,7 +129,7 @@ class Learned(nn.Embedding, Scheme):
 
     acts_on = "embeddings"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         nn.Embedding.__init__(self, config.context_length, config.d_model)
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -292,7 +294,7 @@ class Rotary(Scheme):
 
     acts_on = "queries and keys"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.rope = Rope.of(config)
         cos, sin = self.rope.cos_sin(torch.arange(config.context_length))  # (C, d_k/2) each
@@ -341,7 +343,7 @@ class Alibi(Scheme):
 
     acts_on = "scores"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
@@ -350,10 +352,10 @@ class Alibi(Scheme):
         return -self.slopes[head] * (query - key).abs()
 
     def prepare(self, plan: Plan) -> Plan:
-        return dataclasses.replace(plan, bias=plan.score_bias(self.score))
+        return plan.sharing(Alibi, plan.score_bias(self.score))
 
     def bias(self, plan: Plan) -> Bias | None:
-        return plan.bias
+        return plan.biases[Alibi]
 
 
 SCHEMES: dict[str, type[Scheme]] = {
@@ -369,15 +371,18 @@ POSITIONS = tuple(SCHEMES)
 
 
 def embedding_part(config: ModelConfig) -> Scheme:
-    """What the model adds to the token embeddings: the scheme's part if it acts there."""
-    part = SCHEMES[config.position]
+    """What the model adds to the token embeddings: the scheme's part if it acts there (a scheme
+    that does is never chosen per layer, so layer 0's scheme is every layer's)."""
+    part = SCHEMES[config.layer_positions[0]]
     return part(config) if part.acts_on == "embeddings" else Scheme(config)
 
 
-def attention_part(config: ModelConfig) -> Scheme:
-    """What one attention layer does with positions: the scheme's part if it acts there."""
-    part = SCHEMES[config.position]
-    return part(config) if part.acts_on in ("queries and keys", "scores") else Scheme(config)
+def attention_part(config: ModelConfig, layer: int = 0) -> Scheme:
+    """What attention layer ``layer`` does with positions: its scheme's part if it acts there."""
+    part = SCHEMES[config.layer_positions[layer]]
+    if part.acts_on in ("queries and keys", "scores"):
+        return part(config, layer)
+    return Scheme(config, layer)
 
 
 # Where each token sits.

@@ -101,7 +101,8 @@ def test_alibi_slopes_and_bias():
     assert alibi_slopes(6).shape == (6,)
     cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
     plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
-    b = Alibi(cfg).prepare(plan).bias  # -m_h |l - j|, as the kernel takes it
+    part = Alibi(cfg)
+    b = part.bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
 
