@@ -198,6 +198,11 @@ def mpt_slopes(n_head: int) -> torch.Tensor:
 
 def check_exportable(cfg: ModelConfig) -> None:
     """Refuse, in one line, a model the target architecture would compute differently."""
+    if cfg.position not in TARGETS:
+        raise CannotExpress(
+            f"model.position: {cfg.position} cannot be exported: no transformers architecture "
+            f"computes it (lm exports {', '.join(TARGETS)})"
+        )
     if cfg.position == "alibi":
         if cfg.bias:
             raise CannotExpress(

@@ -337,6 +337,15 @@ def test_models_transformers_cannot_express_are_refused(model, needle, tmp_path,
     nothing_written(tmp_path, "hf")
 
 
+def test_a_scheme_no_architecture_computes_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    import lm.hf
+
+    run_dir = untrained_run(tmp_path, position="alibi")
+    monkeypatch.setattr(lm.hf, "TARGETS", {k: v for k, v in TARGETS.items() if k != "alibi"})
+    refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], "alibi", "exports")
+    nothing_written(tmp_path, "hf")
+
+
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
