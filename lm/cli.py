@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "positions",
-        help="position diagnostics: the sinusoid table, or a run's mean score by query-key offset",
+        help="position diagnostics: the sinusoid table, or a run's mean score by query-key offset "
+        "(and its position bias against distance, for a scheme that biases scores)",
     )
     p.add_argument(
         "run_dir", nargs="?", help="a trained run (default: draw the sinusoid table instead)"
@@ -226,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--windows", type=positive_int, default=16, help="validation windows to average over"
     )
     p.add_argument(
-        "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
+        "--out",
+        help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png; a run's bias "
+        "against distance goes to RUN_DIR/bias_by_distance.png, or NAME_bias.png beside --out)",
     )
     p.add_argument("--device", default="auto")
 
@@ -421,7 +424,7 @@ def _cmd_attention(args: argparse.Namespace) -> int:
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
-    from lm.diagnostics import draw_sinusoids, score_by_offset
+    from lm.diagnostics import draw_bias_by_distance, draw_sinusoids, score_by_offset
     from lm.runtime import resolve_device
 
     if args.run_dir is None:
@@ -431,6 +434,12 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     else:
         device = str(resolve_device(args.device, "--device"))
         _, path = score_by_offset(args.run_dir, args.out, args.windows, device)
+        beside = None if args.out is None else Path(args.out)
+        if beside is not None:
+            beside = beside.with_name(f"{beside.stem}_bias{beside.suffix}")
+        bias = draw_bias_by_distance(args.run_dir, beside, device)
+        if bias is not None:
+            print(bias)
     print(path)
     return 0
 

@@ -235,9 +235,11 @@ def score_by_offset(
     path: str | Path,
     title: str = "",
     ylabel: str = "mean score q·k/√d_k",
+    layers: Sequence[int] | None = None,
 ) -> Path:
-    """Mean attention score against query-key offset ``[layers, heads, offsets]``, one panel per
-    layer and one line per head."""
+    """Mean attention score (or a position bias) against query-key offset ``[layers, heads,
+    offsets]``, one panel per layer (titled by ``layers``, default 0, 1, ...) and one line per
+    head."""
     n_layer, n_head, n_offset = profile.shape
     cols = min(n_layer, 4)
     rows = math.ceil(n_layer / cols)
@@ -250,7 +252,8 @@ def score_by_offset(
             continue
         for h in range(n_head):
             ax.plot(offsets, profile[i, h], label=f"head {h}", linewidth=1.2)
-        ax.set(xlabel="offset: query position - key position", title=f"layer {i}")
+        layer = i if layers is None else layers[i]
+        ax.set(xlabel="offset: query position - key position", title=f"layer {layer}")
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)

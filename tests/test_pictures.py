@@ -151,6 +151,33 @@ def test_positions_names_what_it_plots(tmp_path, position):
         score_by_offset(run, tmp_path / "s.png", windows=1)
     ylabel = draw.call_args.kwargs["ylabel"]
     assert ("alibi bias" in ylabel) == (position == "alibi"), ylabel
+    # lm positions RUN: the score by offset, and the bias alone for a scheme that adds one.
+    from lm.cli import main
+
+    assert main(["positions", str(run), "--out", str(tmp_path / "p.png"), "--windows", "1"]) == 0
+    assert (tmp_path / "p.png").is_file()
+    assert (tmp_path / "p_bias.png").is_file() == (position == "alibi")
+
+
+def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
+    import numpy as np
+    import torch
+
+    from lm.config import ModelConfig
+    from lm.diagnostics import bias_by_distance
+    from lm.model import TransformerLM
+
+    def model(position: str) -> TransformerLM:
+        config = dict(vocab_size=10, context_length=8, n_layer=2, n_head=2, d_model=8)
+        return TransformerLM(ModelConfig(**config, position=position))
+
+    drawn = bias_by_distance(model("alibi"), 6)
+    assert list(drawn) == [0, 1]
+    d = np.arange(6)
+    for layer in drawn.values():  # -m_h d with m = 2^-4, 2^-8 for two heads
+        np.testing.assert_allclose(layer, np.stack([-(2.0**-4) * d, -(2.0**-8) * d]), rtol=1e-6)
+    assert bias_by_distance(model("rope"), 6) == {}
+    assert torch.is_grad_enabled()
 
 
 def test_drawing_prints_no_warning(tmp_path):
