@@ -35,6 +35,8 @@ class DataError(LMError):
 
 
 ATTENTION_KERNELS = ("sdpa", "flex", "math")
+SCHEME_KEYS = {"t5": ("t5_buckets", "t5_max_distance")}
+"""Model keys that belong to one position scheme (RoPE's are checked on their own)."""
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
@@ -94,7 +96,7 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | none."""
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | none."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
     rope_base: float = 10000.0
@@ -105,6 +107,10 @@ class ModelConfig:
     """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
     rope_original_context: int | None = None
     """The context RoPE was first trained at (YaRN's L); default context_length."""
+    t5_buckets: int = 32
+    """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
+    t5_max_distance: int = 128
+    """t5 only: the distance from which every longer one shares the last bucket."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
@@ -146,6 +152,26 @@ class ModelConfig:
                 f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
             )
         self._check_rope()
+        self._check_scheme_keys()
+
+    def _check_scheme_keys(self) -> None:
+        """The keys of one scheme are set only on a model that uses it, each within its range."""
+        used = set(self.layer_positions)
+        for scheme, keys in SCHEME_KEYS.items():
+            for name in keys:
+                default = ModelConfig.__dataclass_fields__[name].default
+                if scheme not in used and getattr(self, name) != default:
+                    raise ConfigError(
+                        f"model.{name}: applies to position: {scheme} only (this model uses "
+                        f"{self.position})"
+                    )
+        if self.t5_buckets < 2:
+            raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
+        if self.t5_max_distance <= self.t5_buckets // 2:
+            raise ConfigError(
+                f"model.t5_max_distance: must be above t5_buckets/2 = {self.t5_buckets // 2} "
+                f"(the distances with a bucket each), got {self.t5_max_distance}"
+            )
 
     def _check_rope(self) -> None:
         """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is

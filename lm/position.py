@@ -11,6 +11,7 @@ acts on             scheme                      what it does
 embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
 queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
 scores              ``alibi``                   ``S_lj - m_h |l - j|``
+scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, learned per bucket
 nothing             ``none``                    only the causal mask orders the tokens
 ==================  ==========================  ============================================
 
@@ -358,11 +359,65 @@ class Alibi(Scheme):
         return plan.biases[Alibi]
 
 
+def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's causal ("unidirectional") bucket of the distance ``n = l - j`` from key j back to
+    query l (Raffel et al. 2020, section 2.1; Mesh TensorFlow's ``_relative_position_bucket``
+    with ``bidirectional=False``): the first ``buckets // 2`` buckets hold one distance each,
+    ``0 .. buckets//2 - 1``; the others split ``buckets//2 .. max_distance`` on a logarithmic
+    scale, ``buckets//2 + floor(log(n / (buckets//2)) / log(max_distance / (buckets//2)) *
+    (buckets - buckets//2))``, and every longer distance shares the last bucket. A key after
+    its query (n < 0, hidden by the causal mask) falls in bucket 0."""
+    n = distance.clamp(min=0)
+    exact = buckets // 2
+    scale = (buckets - exact) / math.log(max_distance / exact)
+    # float32, as the reference computes it; clamped to 1 so that log never sees 0 (unused there)
+    far = exact + (torch.log(n.float().clamp(min=1.0) / exact) * scale).long()
+    return torch.where(n < exact, n, far.clamp(max=buckets - 1))
+
+
+class T5Bias(Scheme):
+    """T5's relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer
+    Learning with a Unified Text-to-Text Transformer", section 2.1): head h adds a learned scalar
+    ``b_h[bucket(l - j)]`` to the score of query l and key j, one per bucket of distance
+    (:func:`t5_bucket`, causal buckets: a decoder reads only keys behind it), ``model.t5_buckets``
+    buckets (the paper's 32) up to ``model.t5_max_distance`` (128).
+
+    Shared across layers: the paper shares one table among all layers ("we also share the
+    position embedding parameters across all layers in our model, though within a given layer
+    each attention head uses a different learned position embedding"), and so does lm: the first
+    layer using ``t5`` holds the table ``[heads, buckets]`` (as transformers' T5 does) and builds
+    the bias once per forward pass; the other ``t5`` layers read it from the plan. T5 adds the
+    bias to the unscaled logits ``q·k`` (its initialisation absorbs 1/sqrt(d_k)); lm adds it to
+    ``S = q·k / sqrt(d_k)``, as every score bias here. The table starts as transformers' T5
+    starts it, normal with std ``d_model^-0.5``.
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.buckets, self.max_distance = config.t5_buckets, config.t5_max_distance
+        if layer is None or layer == config.layer_positions.index("t5"):
+            table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
+            self.table = nn.Parameter(table)
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """``b_head[bucket(query - key)]`` (broadcast together)."""
+        return self.table[head, t5_bucket(query - key, self.buckets, self.max_distance)]
+
+    def prepare(self, plan: Plan) -> Plan:
+        return plan.sharing(T5Bias, plan.score_bias(self.score))
+
+    def bias(self, plan: Plan) -> Bias | None:
+        return plan.biases[T5Bias]
+
+
 SCHEMES: dict[str, type[Scheme]] = {
     "rope": Rotary,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "alibi": Alibi,
+    "t5": T5Bias,
     "none": Scheme,
 }
 """Every ``model.position``, by name."""

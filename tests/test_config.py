@@ -112,6 +112,22 @@ def test_rope_settings_on_another_scheme_are_refused(position):
         assert_one_line(e, key, f"position: {position}" if "scaling" in key else position)
 
 
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (["model.t5_buckets=64"], "model.t5_buckets: applies to position: t5 only"),
+        (["model.t5_max_distance=64"], "model.t5_max_distance: applies to position: t5 only"),
+        (["model.position=t5", "model.t5_buckets=1"], "model.t5_buckets: must be at least 2"),
+        (["model.position=t5", "model.t5_max_distance=16"], "must be above t5_buckets/2 = 16"),
+    ],
+)
+def test_a_schemes_own_keys_are_refused_elsewhere_and_checked_on_it(settings, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, settings)
+    assert_one_line(e, message)
+    assert load_config(None, ["model.position=t5", "model.t5_max_distance=17"]).model.t5_buckets
+
+
 def test_rope_settings_read_as_method_factor_pairs_and_context():
     cfg = load_config(None, ["model.rope_scaling=yarn:2.5", "model.rope_fraction=0.25"]).model
     assert (cfg.rope_method, cfg.rope_factor, cfg.rope_pairs) == ("yarn", 2.5, 4)  # of 16 pairs

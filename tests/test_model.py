@@ -97,7 +97,7 @@ def test_tied_head_gpt2_init_and_parameter_count():
 def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend():
     with torch.no_grad(), pytest.raises(PositionOutOfRange, match="learned positions"):
         tiny("learned")(torch.randint(0, 37, (1, 20)))
-    for position in ("sinusoidal", "rope", "alibi", "none"):
+    for position in [p for p in POSITIONS if p != "learned"]:
         with torch.no_grad():
             assert torch.isfinite(tiny(position)(torch.randint(0, 37, (1, 40)))).all()
 
@@ -184,7 +184,7 @@ def test_rope_without_an_extension_is_the_plain_model_bit_for_bit(setting):
 BEFORE = Path(__file__).parent / "golden" / "runs_before_plan"
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none"])
 def test_a_run_saved_before_the_plan_loads_and_gives_its_logits(position):
     # Tiny runs trained by lm at 800e6a4, before the forward pass took its shape of position
     # parts and one plan per pass (state dict names, configs without the newer keys), with the

@@ -178,6 +178,12 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
         np.testing.assert_allclose(layer, np.stack([-(2.0**-4) * d, -(2.0**-8) * d]), rtol=1e-6)
     assert bias_by_distance(model("rope"), 6) == {}
     assert torch.is_grad_enabled()
+    t5 = model("t5")  # T5: each head's learned scalar of the distance's bucket, in every layer
+    drawn = bias_by_distance(t5, 20)
+    table = t5.blocks[0].attn.position.table.detach().numpy()
+    buckets = [*range(16), 16, 16, 16, 17]  # distances 16..19: 16 + floor(log(d/16)/log 8 * 16)
+    for layer in (0, 1):
+        np.testing.assert_allclose(drawn[layer], table[:, buckets], rtol=1e-6)
 
 
 def test_drawing_prints_no_warning(tmp_path):

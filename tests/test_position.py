@@ -11,6 +11,7 @@ from lm.position import (
     Alibi,
     Rope,
     Rotary,
+    T5Bias,
     alibi_slopes,
     ntk_base,
     positions_from_mask,
@@ -18,6 +19,7 @@ from lm.position import (
     rope_frequencies,
     rotate_pairs,
     sinusoidal_table,
+    t5_bucket,
     yarn_attention_factor,
     yarn_frequencies,
 )
@@ -105,6 +107,47 @@ def test_alibi_slopes_and_bias():
     b = part.bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
+
+
+def test_t5_buckets_are_exact_then_logarithmic_up_to_the_max_distance():
+    # 32 buckets, max distance 128 (Raffel et al.): distances 0..15 have a bucket each; then
+    # 16 + floor(log(n/16) / log(128/16) * 16): n=20 -> 16 + floor(1.717) = 17, n=32 -> 16 +
+    # floor(16/3) = 21, n=64 -> 16 + floor(32/3) = 26, n=127 -> 16 + floor(15.94) = 31; from
+    # n=128 on, the last bucket. A key after its query (n < 0) falls in bucket 0.
+    n = torch.tensor([0, 1, 15, 16, 20, 32, 64, 127, 128, 1000, -3])
+    assert t5_bucket(n).tolist() == [0, 1, 15, 16, 17, 21, 26, 31, 31, 31, 0]
+    # 8 buckets up to 20: 0..3 exact, then 4 + floor(log(n/4) / log(5) * 4): n=9 -> 6, n=19 -> 7.
+    assert t5_bucket(torch.tensor([3, 4, 9, 19, 20, 50]), 8, 20).tolist() == [3, 4, 6, 7, 7, 7]
+
+
+def test_t5_bias_is_each_heads_learned_scalar_of_the_distance_bucket():
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(d_model=8, n_head=2, position="t5", t5_buckets=8, t5_max_distance=20)
+    part = T5Bias(cfg)
+    with torch.no_grad():  # b_h[bucket] = 100 h + bucket: each entry names where it came from
+        part.table.copy_(100 * torch.arange(2.0)[:, None] + torch.arange(8.0))
+    plan = build_plan(cfg, torch.zeros(1, 30, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
+    assert b[0, 0, 29, 29] == 0 and b[0, 1, 29, 29] == 100  # distance 0
+    assert b[0, 0, 29, 26] == 3 and b[0, 1, 29, 20] == 106 and b[0, 0, 29, 0] == 7  # 3, 9, 29
+    assert torch.isinf(b[0, :, 0, 1]).all()  # a future key stays blocked
+
+
+def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
+    from lm.model import TransformerLM
+
+    cfg = dict(vocab_size=20, context_length=16, n_layer=3, n_head=2, d_model=16)
+    model = TransformerLM(ModelConfig(**cfg, position="t5"))
+    tables = [n for n, _ in model.named_parameters() if "position" in n]
+    assert tables == ["blocks.0.attn.position.table"]  # one table [heads, buckets]
+    assert model.num_parameters() == TransformerLM(ModelConfig(**cfg)).num_parameters() + 2 * 32
+    calls = []
+    real = T5Bias.score
+    monkeypatch.setattr(T5Bias, "score", lambda *a: calls.append(1) or real(*a))
+    model(torch.randint(0, 20, (2, 9))).sum().backward()
+    assert len(calls) == 1  # built once, read by the three layers
+    assert model.blocks[0].attn.position.table.grad.abs().sum() > 0
 
 
 def test_positions_count_real_tokens_only_and_restart_at_each_document():
