@@ -27,7 +27,7 @@ from lm.batches import PaddedCollator
 from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import ConfigError, LMError
 from lm.model import TransformerLM, loss_sum
-from lm.optim import lr_at, orthogonalize
+from lm.optim import build_optimizer, lr_at, orthogonalize
 from lm.runtime import compile_model
 from lm.train import train
 
@@ -217,6 +217,16 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     assert result.status == "done"
     lines = [m["train_loss"] for m in metrics(tmp_path / "r") if "train_loss" in m]
     assert lines[-1] < lines[0] - 0.5
+    # Muon takes the blocks' weight matrices; T5's bias table, a lookup table, stays with AdamW.
+    model = TransformerLM(dataclasses.replace(tiny_config().model, vocab_size=40, position="t5"))
+    muon = tiny_config(train={"optimizer": "muon"}).train
+    kinds = {
+        id(p): group["kind"]
+        for group in build_optimizer(model, muon, torch.device("cpu")).param_groups
+        for p in group["params"]
+    }
+    assert kinds[id(model.blocks[0].attn.position.table)] == "adamw"
+    assert kinds[id(model.blocks[0].attn.qkv.weight)] == "muon"
 
 
 def test_compiled_model_matches_eager_loss_and_gradients():
