@@ -96,7 +96,7 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | none."""
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | none."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
     rope_base: float = 10000.0

@@ -12,6 +12,7 @@ embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
 queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
 scores              ``alibi``                   ``S_lj - m_h |l - j|``
 scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, learned per bucket
+scores              ``kerple``                  ``S_lj - r1_h log(1 + r2_h |l - j|)``, learned r
 nothing             ``none``                    only the causal mask orders the tokens
 ==================  ==========================  ============================================
 
@@ -32,6 +33,7 @@ formula and source).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -412,12 +414,57 @@ class T5Bias(Scheme):
         return plan.biases[T5Bias]
 
 
+def positive(r: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
+    """``r`` clamped to at least ``floor`` in value, its gradient passed on as if unclamped: a
+    learned scalar kept positive without editing the parameter inside a forward pass."""
+    return r + (r.clamp(min=floor) - r).detach()
+
+
+def kerple_log(
+    r1: torch.Tensor, r2: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """KERPLE's logarithmic bias ``-r1_h log(1 + r2_h |query - key|)`` (``r1``, ``r2``: ``[H]``,
+    positive)."""
+    return -r1[head] * torch.log1p(r2[head] * (query - key).abs())
+
+
+class Kerple(Scheme):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional
+    Embedding for Length Extrapolation", the "log" kernel): head h adds ``-r1_h log(1 + r2_h
+    |l - j|)`` to the score of query l and key j, with ``r1_h, r2_h > 0`` learned.
+
+    Per layer: each layer has its own ``r1, r2`` (the paper's code builds them in every attention
+    layer), so each layer computes its own bias in ``bias``. The paper's code starts them at
+    ``U(0, 2)`` and ``U(0, 1)`` and, before every forward pass, clamps them in place to at least
+    0.01; lm starts them so and uses ``max(r, 0.01)`` in the formula (the same numbers) with the
+    gradient passed on unclamped (:func:`positive`), leaving the parameters untouched inside a
+    forward pass.
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
+        self.r2 = nn.Parameter(torch.rand(config.n_head))
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
+
+    def bias(self, plan: Plan) -> Bias | None:
+        # r1, r2 made positive once, outside FlexAttention's score function (which computes
+        # scalars only: no tensor of its own)
+        return plan.score_bias(functools.partial(kerple_log, positive(self.r1), positive(self.r2)))
+
+
 SCHEMES: dict[str, type[Scheme]] = {
     "rope": Rotary,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "alibi": Alibi,
     "t5": T5Bias,
+    "kerple": Kerple,
     "none": Scheme,
 }
 """Every ``model.position``, by name."""

@@ -184,6 +184,12 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
     buckets = [*range(16), 16, 16, 16, 17]  # distances 16..19: 16 + floor(log(d/16)/log 8 * 16)
     for layer in (0, 1):
         np.testing.assert_allclose(drawn[layer], table[:, buckets], rtol=1e-6)
+    kerple = model("kerple")  # each layer its own -r1 log(1 + r2 d)
+    drawn = bias_by_distance(kerple, 6)
+    for i, layer in drawn.items():
+        part = kerple.blocks[i].attn.position
+        r1, r2 = (r.detach().clamp(min=0.01).numpy()[:, None] for r in (part.r1, part.r2))
+        np.testing.assert_allclose(layer, -r1 * np.log1p(r2 * d), rtol=1e-5)
 
 
 def test_drawing_prints_no_warning(tmp_path):

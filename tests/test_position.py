@@ -9,6 +9,7 @@ from _support import attention_layer, self_attend
 from lm.config import ModelConfig
 from lm.position import (
     Alibi,
+    Kerple,
     Rope,
     Rotary,
     T5Bias,
@@ -148,6 +149,33 @@ def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
     model(torch.randint(0, 20, (2, 9))).sum().backward()
     assert len(calls) == 1  # built once, read by the three layers
     assert model.blocks[0].attn.position.table.grad.abs().sum() > 0
+
+
+def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
+    from lm.model import TransformerLM
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(vocab_size=20, d_model=8, n_layer=2, n_head=2, position="kerple")
+    part = Kerple(cfg)
+    with torch.no_grad():
+        part.r1.copy_(torch.tensor([1.0, 2.0]))
+        part.r2.copy_(torch.tensor([0.5, 1.0]))
+    plan = build_plan(cfg, torch.zeros(1, 4, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))  # (1, H, 4, 4)
+    # distance 2: head 0 -1 log(1 + 0.5 * 2) = -log 2, head 1 -2 log(1 + 2) = -2 log 3
+    torch.testing.assert_close(b[0, :, 3, 1], torch.tensor([-math.log(2), -2 * math.log(3)]))
+    assert (b[0, :, 2, 2] == 0).all() and torch.isinf(b[0, :, 1, 2]).all()  # d = 0; the future
+    # r1, r2 used at no less than 0.01, the gradient still reaching a parameter below that.
+    with torch.no_grad():
+        part.r2.copy_(torch.tensor([-1.0, 1.0]))
+    b = part.bias(part.prepare(plan))
+    torch.testing.assert_close(b[0, 0, 3, 1], torch.tensor(-math.log(1 + 0.02)))
+    b[0, 0, 3, 1].backward()
+    assert part.r2.grad[0] != 0
+    # Each layer its own r1, r2 (the paper's code has them in every attention layer).
+    model = TransformerLM(cfg)
+    names = [n for n, _ in model.named_parameters() if ".position." in n]
+    assert names == [f"blocks.{i}.attn.position.{r}" for i in (0, 1) for r in ("r1", "r2")]
 
 
 def test_positions_count_real_tokens_only_and_restart_at_each_document():
