@@ -35,7 +35,7 @@ class DataError(LMError):
 
 
 ATTENTION_KERNELS = ("sdpa", "flex", "math")
-SCHEME_KEYS = {"t5": ("t5_buckets", "t5_max_distance")}
+SCHEME_KEYS = {"t5": ("t5_buckets", "t5_max_distance"), "fire": ("fire_width", "fire_threshold")}
 """Model keys that belong to one position scheme (RoPE's are checked on their own)."""
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
@@ -96,7 +96,7 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | none."""
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
     rope_base: float = 10000.0
@@ -111,6 +111,11 @@ class ModelConfig:
     """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
     t5_max_distance: int = 128
     """t5 only: the distance from which every longer one shares the last bucket."""
+    fire_width: int = 32
+    """fire only: hidden width of FIRE's MLP of the normalised distance (Li et al.: 32)."""
+    fire_threshold: float = 512.0
+    """fire only: the threshold L (its start; learned) below which queries are normalised by
+    psi(L) instead of psi(their position) (the paper's code: 512)."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
@@ -165,6 +170,7 @@ class ModelConfig:
                         f"model.{name}: applies to position: {scheme} only (this model uses "
                         f"{self.position})"
                     )
+        _positive("model", self, "fire_width", "fire_threshold")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
         if self.t5_max_distance <= self.t5_buckets // 2:

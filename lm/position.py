@@ -5,16 +5,21 @@ The notes give two ways a position enters a transformer, "add position features,
 query/key features using their positions"; ALiBi adds a third, a bias on the scores. Each scheme
 is one small part that says where it acts:
 
-==================  ==========================  ============================================
+==================  ==========================  ==============================================
 acts on             scheme                      what it does
-==================  ==========================  ============================================
+==================  ==========================  ==============================================
 embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
 queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
 scores              ``alibi``                   ``S_lj - m_h |l - j|``
-scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, learned per bucket
-scores              ``kerple``                  ``S_lj - r1_h log(1 + r2_h |l - j|)``, learned r
+scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, b learned
+scores              ``kerple``                  ``S_lj - r1_h log(1 + r2_h |l - j|)``, r learned
+scores              ``fire``                    ``S_lj + f_h(psi(l - j) / psi(max(L, l)))``
 nothing             ``none``                    only the causal mask orders the tokens
-==================  ==========================  ============================================
+==================  ==========================  ==============================================
+
+ALiBi, T5's and KERPLE's biases are functions of the distance ``l - j``; FIRE's (a learned MLP
+``f``) also of the query position, which it divides the distance by. Each names its paper and
+says whether its parameters are shared across layers.
 
 A part overrides only the hooks of its place, and the model and attention call every hook
 without asking which scheme they hold: ``embed`` (the model, once, on ``E[w]``), ``prepare``
@@ -458,6 +463,74 @@ class Kerple(Scheme):
         return plan.score_bias(functools.partial(kerple_log, positive(self.r1), positive(self.r2)))
 
 
+def fire_bias(
+    c: torch.Tensor,
+    threshold: torch.Tensor,
+    mlp: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    head: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """FIRE's bias ``f(psi(|i - j|) / psi(max(L, i)))`` of query position i and key position j,
+    with ``psi(x) = log(|c x| + 1)`` and ``f`` the MLP ``mlp = (w1 [W], b1 [W], w2 [H, W], b2
+    [H])``: ``f_h(x) = b2_h + sum_k w2_hk relu(w1_k x + b1_k)``. The MLP is written one hidden
+    unit at a time, so that FlexAttention can run it inside its kernel, one score at a time
+    (it compiles pointwise arithmetic, not a matrix product)."""
+    i, j = query.float(), key.float()
+    psi_d = torch.log((c * (i - j)).abs() + 1)
+    psi_i = torch.log((c * torch.maximum(i, threshold)).abs() + 1) + 1e-6
+    x = psi_d / psi_i  # in [0, 1] for j <= i: progressive interpolation
+    w1, b1, w2, b2 = mlp
+    out = b2[head]
+    for k in range(w1.shape[0]):
+        out = out + w2[head, k] * torch.relu(w1[k] * x + b1[k])
+    return out
+
+
+class Fire(Scheme):
+    """FIRE (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long
+    Context Transformers"): head h adds ``f_h(psi(i - j) / psi(max(L, i)))`` to the score of
+    query position i and key position j, where ``psi(x) = log(c x + 1)`` amplifies short
+    distances, dividing by ``psi`` of the query position maps every distance into [0, 1]
+    whatever the length ("progressive interpolation"), the threshold L keeps short queries from
+    being normalised by a small number, and ``f`` is a small learned MLP (``1 -> W -> H``, ReLU,
+    ``model.fire_width`` W: the paper's 32), one output per head.
+
+    As the paper's reference code: ``c`` is learned (starting at 0.1) and used as ``|c x|``;
+    ``L = |s L0|`` with ``L0 = model.fire_threshold`` (the code's default, 512) and a learned
+    multiplier s (starting at 1); the MLP starts as PyTorch's ``nn.Linear`` layers do; the
+    normaliser has 1e-6 added. Per layer: each layer has its own MLP, c and L and computes its
+    own bias (sharing one FIRE among all layers, as T5 shares its table, would save parameters
+    and compute; lm does not).
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        W, H = config.fire_width, config.n_head
+        self.w1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))  # nn.Linear(1, W): fan-in 1
+        self.b1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))
+        bound = 1 / math.sqrt(W)  # nn.Linear(W, H)
+        self.w2 = nn.Parameter(torch.empty(H, W).uniform_(-bound, bound))
+        self.b2 = nn.Parameter(torch.empty(H).uniform_(-bound, bound))
+        self.c = nn.Parameter(torch.tensor([0.1]))
+        self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # s
+        self.threshold_init = float(config.fire_threshold)  # L0
+
+    def formula_arguments(self) -> tuple:
+        """c, L and the MLP as :func:`fire_bias` takes them, computed once per forward pass."""
+        threshold = (self.threshold_scale * self.threshold_init).abs()[0]
+        return self.c[0], threshold, (self.w1, self.b1, self.w2, self.b2)
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return fire_bias(*self.formula_arguments(), head, query, key)
+
+    def bias(self, plan: Plan) -> Bias | None:
+        return plan.score_bias(functools.partial(fire_bias, *self.formula_arguments()))
+
+
 SCHEMES: dict[str, type[Scheme]] = {
     "rope": Rotary,
     "sinusoidal": Sinusoidal,
@@ -465,6 +538,7 @@ SCHEMES: dict[str, type[Scheme]] = {
     "alibi": Alibi,
     "t5": T5Bias,
     "kerple": Kerple,
+    "fire": Fire,
     "none": Scheme,
 }
 """Every ``model.position``, by name."""

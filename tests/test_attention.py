@@ -120,7 +120,7 @@ def _masks(B, L):
     return key_mask
 
 
-@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple"])
+@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal):
     torch.manual_seed(1)
@@ -202,7 +202,7 @@ def _documents_and_padding(B: int, L: int) -> dict:
     return {"segments": segments, "key_mask": key_mask}
 
 
-@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple"])
+@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
 def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(position):
     # FlexAttention gets masks and a score bias (ALiBi's, T5's) as functions of (batch, head,
     # query, key), not as tensors; no grad: on CPU PyTorch's flex runs forward only.

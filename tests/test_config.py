@@ -119,6 +119,8 @@ def test_rope_settings_on_another_scheme_are_refused(position):
         (["model.t5_max_distance=64"], "model.t5_max_distance: applies to position: t5 only"),
         (["model.position=t5", "model.t5_buckets=1"], "model.t5_buckets: must be at least 2"),
         (["model.position=t5", "model.t5_max_distance=16"], "must be above t5_buckets/2 = 16"),
+        (["model.fire_width=8"], "model.fire_width: applies to position: fire only"),
+        (["model.position=fire", "model.fire_threshold=0"], "model.fire_threshold: must be > 0"),
     ],
 )
 def test_a_schemes_own_keys_are_refused_elsewhere_and_checked_on_it(settings, message):

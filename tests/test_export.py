@@ -331,6 +331,7 @@ def test_export_refuses_bad_input(tmp_path, capsys):
         ({"position": "alibi", "d_ff": 64}, "4 x d_model"),
         ({"position": "t5"}, "model.position: t5 cannot be exported"),
         ({"position": "kerple"}, "model.position: kerple cannot be exported"),
+        ({"position": "fire"}, "model.position: fire cannot be exported"),
     ],
 )
 def test_models_transformers_cannot_express_are_refused(model, needle, tmp_path, capsys):

@@ -190,6 +190,11 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
         part = kerple.blocks[i].attn.position
         r1, r2 = (r.detach().clamp(min=0.01).numpy()[:, None] for r in (part.r1, part.r2))
         np.testing.assert_allclose(layer, -r1 * np.log1p(r2 * d), rtol=1e-5)
+    fire = model("fire")  # its own function of the distance, for a query at position 5
+    for i, layer in bias_by_distance(fire, 6).items():
+        part = fire.blocks[i].attn.position
+        expected = part.score(torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6))
+        np.testing.assert_allclose(layer, expected.detach().numpy(), rtol=1e-5)
 
 
 def test_drawing_prints_no_warning(tmp_path):

@@ -9,6 +9,7 @@ from _support import attention_layer, self_attend
 from lm.config import ModelConfig
 from lm.position import (
     Alibi,
+    Fire,
     Kerple,
     Rope,
     Rotary,
@@ -176,6 +177,37 @@ def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
     model = TransformerLM(cfg)
     names = [n for n, _ in model.named_parameters() if ".position." in n]
     assert names == [f"blocks.{i}.attn.position.{r}" for i in (0, 1) for r in ("r1", "r2")]
+
+
+def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(d_model=8, n_head=1, position="fire", fire_width=2, fire_threshold=4.0)
+    part = Fire(cfg)
+    with torch.no_grad():  # f(x) = 0.25 + 2 relu(x) + 3 relu(0.5 - x); psi(x) = log(x + 1)
+        for name, value in (("w1", [1.0, -1.0]), ("b1", [0.0, 0.5]), ("w2", [[2.0, 3.0]])):
+            getattr(part, name).copy_(torch.tensor(value))
+        part.b2.fill_(0.25)
+        part.c.fill_(1.0)
+    plan = build_plan(cfg, torch.zeros(1, 20, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))[0, 0]  # (20, 20)
+    # i = 2, j = 0: x = psi(2) / psi(max(L=4, 2)) = log 3 / log 5 -> 0.25 + 2x
+    torch.testing.assert_close(b[2, 0], torch.tensor(0.25 + 2 * math.log(3) / math.log(5)))
+    # distance 0: x = 0 -> 0.25 + 3 * 0.5; the whole context back: x = 1 -> 0.25 + 2, at i = 9
+    # as at i = 19 (progressive interpolation: every length maps into [0, 1])
+    torch.testing.assert_close(b[9, 9], torch.tensor(1.75))
+    torch.testing.assert_close(b[9, 0], torch.tensor(2.25))
+    torch.testing.assert_close(b[19, 0], torch.tensor(2.25))
+    # below the threshold the query position does not normalise: psi(max(4, 3)) = psi(4)
+    x = math.log(2) / math.log(5)  # 0.43: both hidden units fire
+    torch.testing.assert_close(b[3, 2], torch.tensor(0.25 + 2 * x + 3 * (0.5 - x)))
+    assert torch.isinf(b[2, 3])  # the future stays blocked
+    # c and L are learned: the bias has a gradient for both (and for the MLP).
+    b[9, 3].backward()
+    assert part.c.grad.abs() > 0 and part.w1.grad.abs().sum() > 0
+    b = part.bias(part.prepare(plan))[0, 0]
+    b[3, 2].backward()
+    assert part.threshold_scale.grad.abs() > 0
 
 
 def test_positions_count_real_tokens_only_and_restart_at_each_document():

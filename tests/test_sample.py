@@ -174,7 +174,7 @@ def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(ex
         assert generate(model, prompts, 16, pad_id=0, use_cache=use_cache) == alone
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "kerple"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "kerple", "fire"])
 def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position, monkeypatch):
     # Dynamo traces the step whole (fullgraph: a graph break is an error) and compiles it at most
     # twice over 24 tokens (the first, then one for the growing cache); Inductor is swapped for
