@@ -41,6 +41,25 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
 
+def value_text(value: Any) -> str:
+    """A config value as YAML writes it inline: lists as ``[a, b, ...]``, the rest as text."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def split_values(text: str) -> list[str]:
+    """``"rope,[rope,none],alibi"`` -> ``["rope", "[rope,none]", "alibi"]``: values separated by
+    the commas outside brackets, stripped; empty ones dropped."""
+    values, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    return [v for v in values if v]
+
+
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
@@ -95,8 +114,11 @@ class ModelConfig:
     """Width of the residual stream (d in the notes)."""
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
-    position: str = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none."""
+    position: str | list[str] = "rope"
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
+    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
+    embeddings, below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.), not the notes' E[w_l] + p_l."""
     rope_base: float = 10000.0
@@ -132,9 +154,7 @@ class ModelConfig:
         s = "model"
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
-        from lm.position import POSITIONS  # the registry of schemes (lm.position imports this)
-
-        _choice(s, "position", self.position, POSITIONS)
+        self._check_position()
         _choice(s, "attention", self.attention, ATTENTION_KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -147,7 +167,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        if self.position == "rope" and self.head_dim % 2:
+        if "rope" in self.layer_positions and self.head_dim % 2:
             raise ConfigError(
                 f"model.position: rope rotates feature pairs, so the head width "
                 f"d_model/n_head={self.head_dim} must be even"
@@ -159,6 +179,44 @@ class ModelConfig:
         self._check_rope()
         self._check_scheme_keys()
 
+    def _check_position(self) -> None:
+        """One scheme, or one per layer; kept as ``layer_positions``."""
+        from lm.position import POSITIONS, SCHEMES  # the registry (lm.position imports this)
+
+        if isinstance(self.position, str):
+            _choice("model", "position", self.position, POSITIONS)
+            object.__setattr__(self, "_layers", (self.position,) * self.n_layer)
+            return
+        text = value_text(self.position)
+        names = list(self.position)
+        repeat = names[-1:] == ["..."]
+        names = names[:-1] if repeat else names
+        if not names:
+            raise ConfigError(
+                f"model.position: {text} names no scheme; give one per layer, for example "
+                "[rope, rope, rope, none]"
+            )
+        for name in names:
+            if name == "...":
+                raise ConfigError(f"model.position: {text}: ... may only end the list")
+            _choice("model", "position", name, POSITIONS)
+            if SCHEMES[name].acts_on == "embeddings":
+                raise ConfigError(
+                    f"model.position: {text}: {name} adds to the embeddings, below every layer "
+                    f"at once, and cannot be chosen per layer (write position: {name})"
+                )
+        if repeat and self.n_layer % len(names):
+            raise ConfigError(
+                f"model.position: {text} repeats {len(names)} schemes, which does not fill "
+                f"n_layer={self.n_layer} layers"
+            )
+        if not repeat and len(names) != self.n_layer:
+            raise ConfigError(
+                f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
+                "layers; give one per layer, or end the list with ... to repeat it"
+            )
+        object.__setattr__(self, "_layers", tuple(names * (self.n_layer // len(names))))
+
     def _check_scheme_keys(self) -> None:
         """The keys of one scheme are set only on a model that uses it, each within its range."""
         used = set(self.layer_positions)
@@ -168,7 +226,7 @@ class ModelConfig:
                 if scheme not in used and getattr(self, name) != default:
                     raise ConfigError(
                         f"model.{name}: applies to position: {scheme} only (this model uses "
-                        f"{self.position})"
+                        f"{self.position_text})"
                     )
         _positive("model", self, "fire_width", "fire_threshold")
         if self.t5_buckets < 2:
@@ -186,17 +244,17 @@ class ModelConfig:
         _positive("model", self, "rope_original_context")
         if not 0.0 < self.rope_fraction <= 1.0:
             raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
-        if self.position != "rope":
+        if "rope" not in self.layer_positions:
             for name, default in (("rope_fraction", 1.0), ("rope_original_context", None)):
                 if getattr(self, name) != default:
                     raise ConfigError(
                         f"model.{name}: applies to position: rope only (this model uses "
-                        f"{self.position})"
+                        f"{self.position_text})"
                     )
             if self.rope_method != "none":
                 raise ConfigError(
                     f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "
-                    f"position: {self.position}"
+                    f"position: {self.position_text}"
                 )
             return
         pairs = self.rope_fraction * self.head_dim / 2
@@ -213,7 +271,12 @@ class ModelConfig:
     @property
     def layer_positions(self) -> tuple[str, ...]:
         """Each layer's position scheme, ``n_layer`` names."""
-        return (self.position,) * self.n_layer
+        return self._layers
+
+    @property
+    def position_text(self) -> str:
+        """``position`` as a reader writes it: ``rope``, ``[rope, rope, rope, none, ...]``."""
+        return value_text(self.position)
 
     @property
     def rope_method(self) -> str:
@@ -463,7 +526,13 @@ class Config:
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list[str]: "a list of names",
+}
 
 
 _OLD_SWITCH_WORDS = {"true": True, "false": False, "auto": None}
@@ -487,6 +556,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
         if t is str and isinstance(value, str):
             return value
+        if t == list[str] and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
     # Configs written before the optional switches (compile, tensorboard) became true | false |
     # null stored them as the words "true", "false" and "auto"; those runs still load.
     if bool in options and type(None) in options and value in _OLD_SWITCH_WORDS:

@@ -127,7 +127,7 @@ def draw_attention(
         tokens,
         [f"head {h}" for h in heads],
         path,
-        suptitle=f"{_name(run_dir)}: {cfg.position} positions, layer {layer}",
+        suptitle=f"{_name(run_dir)}: {cfg.position_text} positions, layer {layer}",
     )
     return AttentionPicture(weights, tokens, layer, heads, path)
 
@@ -158,13 +158,14 @@ def score_by_offset(
             diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
             profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
     ylabel = "mean score q·k/√d_k"
-    if SCHEMES[cfg.model.position].acts_on == "scores":  # the softmax sees S plus the bias
-        ylabel += f" + {cfg.model.position} bias"
+    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if SCHEMES[n].acts_on == "scores"]
+    if biased:  # the softmax sees S plus the bias
+        ylabel += f" + {'/'.join(biased)} bias"
     plots.score_by_offset(
         profile,
         path,
         ylabel=ylabel,
-        title=f"{_name(run_dir)}: {cfg.model.position} positions, mean score by offset "
+        title=f"{_name(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
         f"({n} validation windows of {C} tokens)",
     )
     return profile, path
@@ -202,7 +203,7 @@ def draw_bias_by_distance(
         np.stack(list(drawn.values())),
         path,
         ylabel="position bias added to the score",
-        title=f"{_name(run_dir)}: {run.config.model.position} bias against distance, query at "
+        title=f"{_name(run_dir)}: {run.config.model.position_text} bias against distance, query at "
         f"position {C - 1}",
         layers=list(drawn),
     )

@@ -155,10 +155,10 @@ def load_evaluated(
     if rope_scaling is None:
         return run
     model = run.config.model
-    if model.position != "rope":
+    if "rope" not in model.layer_positions:
         raise LMError(
             f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position}"
+            f"{model.position_text}"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lm import plots
-from lm.config import Config, LMError, config_diff, flatten
+from lm.config import Config, LMError, config_diff, flatten, value_text
 
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
 # Keys that differ between runs without being what they compare.
@@ -129,10 +129,11 @@ def labels(configs: list[Config]) -> tuple[str, list[str]]:
     if not varied:  # nothing differs but the seed: one group
         return "run", ["same config"] * len(configs)
     if len(varied) == 1:
-        return varied[0].split(".")[-1], [str(f[varied[0]]) for f in flat]
+        return varied[0].split(".")[-1], [value_text(f[varied[0]]) for f in flat]
     names = [k.split(".")[-1] for k in varied]
     return "runs", [
-        ", ".join(f"{n}={f[k]}" for n, k in zip(names, varied, strict=True)) for f in flat
+        ", ".join(f"{n}={value_text(f[k])}" for n, k in zip(names, varied, strict=True))
+        for f in flat
     ]
 
 

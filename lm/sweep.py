@@ -34,6 +34,7 @@ from lm.config import (
     load_config,
     parse_overrides,
     parse_rope_scaling,
+    split_values,
 )
 from lm.data import print_to_stderr
 from lm.evaluate import evaluate_lengths, load_evaluated
@@ -70,7 +71,7 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         )
     key, values = text.split("=", 1)
     key = key.strip()
-    texts = [v.strip() for v in values.split(",") if v.strip()]
+    texts = split_values(values)  # a list value keeps its commas: rope,[rope,none]
     if not texts:
         raise ConfigError(f"--vary {key}: no values given after '='")
     if len(set(texts)) != len(texts):
@@ -117,7 +118,8 @@ def split_varies(
 def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Path:
     if key is None or value is None:  # one config, only its seeds
         return out_dir / f"seed{seed}"
-    safe = value.replace("/", "_")  # a path-like value must not become nested folders
+    # A path-like value must not become nested folders, nor a list a shell pattern ([a,b]).
+    safe = value.replace("/", "_").replace("[", "").replace("]", "").replace(" ", "")
     return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
 
 
@@ -256,7 +258,7 @@ def measure_run(
     place of its own when given. ``lengths`` default to :data:`EXTRAPOLATION`; ``eval_batches``
     bounds each length's evaluation (None: the whole validation split)."""
     cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
-    own = cfg.model.position == "rope" and rope_scaling is not None
+    own = "rope" in cfg.model.layer_positions and rope_scaling is not None
     if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
         rope_scaling = None  # the run's own extension: measured as trained
     run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
@@ -293,8 +295,9 @@ def measure_run(
     )
 
 
-def _check_rope(positions: Iterable[str]) -> None:
-    if "rope" not in set(positions):
+def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
+    """``positions``: each run's layer schemes."""
+    if not any("rope" in layers for layers in positions):
         raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
 
 
@@ -317,12 +320,12 @@ def report(
     if not run_dirs:
         raise LMError("compare: no runs to report on")
     prompt = DEFAULT_PROMPT if prompt is None else prompt
-    positions = {Path(d): load_config(Path(d) / CONFIG).model.position for d in run_dirs}
+    positions = {Path(d): load_config(Path(d) / CONFIG).model.layer_positions for d in run_dirs}
     if rope_scalings is not None:
         _check_rope(positions.values())
     results = []
     for run_dir, position in positions.items():
-        variants = rope_scalings if rope_scalings is not None and position == "rope" else [None]
+        variants = rope_scalings if rope_scalings is not None and "rope" in position else [None]
         for variant in variants:
             how = "" if variant is None else f" with rope_scaling {variant}"
             log(f"compare: evaluating {run_dir}{how}")
@@ -375,7 +378,7 @@ def compare(
         if rope_scalings is not None:  # refused before any training, not after it
             settings = [[f"{key}={v}"] for v in values or []] if key else [[]]
             configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
-            _check_rope(c.model.position for c in configs)
+            _check_rope(c.model.layer_positions for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet)
         return report(runs, out_dir, log=log, **report_options)

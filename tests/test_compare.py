@@ -233,6 +233,23 @@ def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_a_per_layer_position_is_swept_with_a_readable_label_and_folder(tmp_path):
+    from lm.config import load_config
+
+    cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 2, "eval_every": 0})
+    out = tmp_path / "out"
+    vary = "model.position=rope,[rope,none]"  # the list's commas stay inside its brackets
+    args = ["--eval-lengths", "1x", "--eval-batches", "1", "--max-new-tokens", "2", "--quiet"]
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    assert (
+        main(["compare", str(cfg), "--vary", vary, "--set", cache, "--out", str(out), *args]) == 0
+    )
+    hybrid = out / "position=rope,none" / "seed7"  # no shell pattern in the folder's name
+    assert load_config(hybrid / "config.yaml").model.layer_positions == ("rope", "none")
+    assert table_row(out, "[rope, none]")[0] == "[rope, none]"
+    assert table_row(out, "rope")[0] == "rope"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -130,6 +130,45 @@ def test_a_schemes_own_keys_are_refused_elsewhere_and_checked_on_it(settings, me
     assert load_config(None, ["model.position=t5", "model.t5_max_distance=17"]).model.t5_buckets
 
 
+def test_position_per_layer_as_a_list_or_a_repeated_pattern(tmp_path):
+    p = write(tmp_path, "model:\n  n_layer: 4\n  position: [rope, rope, rope, none]\n")
+    cfg = load_config(p).model
+    assert cfg.layer_positions == ("rope", "rope", "rope", "none")
+    assert cfg.position_text == "[rope, rope, rope, none]"
+    eight = ["model.n_layer=8", "model.position=[rope,rope,rope,none,...]"]  # NoPE every 4th
+    assert load_config(None, eight).model.layer_positions == ("rope", "rope", "rope", "none") * 2
+    assert load_config(p, ["model.position=alibi"]).model.layer_positions == ("alibi",) * 4
+    # Saved and read back as written.
+    save_config(load_config(None, eight), tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml").model.position == [
+        "rope",
+        "rope",
+        "rope",
+        "none",
+        "...",
+    ]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[rope,none]", "[rope, none] names 2 schemes for n_layer=4 layers"),
+        ("[rope,rope,rope,rope,none]", "names 5 schemes for n_layer=4 layers"),
+        ("[rope,rope,none,...]", "repeats 3 schemes, which does not fill n_layer=4 layers"),
+        ("[rope,...,none,rope]", "... may only end the list"),
+        ("[rope,rope,xpos,none]", "model.position: 'xpos' is not one of rope"),
+        ("[rope,learned,rope,rope]", "learned adds to the embeddings, below every layer at once"),
+        ("[sinusoidal,...]", "sinusoidal adds to the embeddings"),
+        ("[]", "names no scheme"),
+        ("[1,2,3,4]", "model.position: expected a string or a list of names"),
+    ],
+)
+def test_a_bad_per_layer_position_is_one_line(value, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.n_layer=4", f"model.position={value}"])
+    assert_one_line(e, message)
+
+
 def test_rope_settings_read_as_method_factor_pairs_and_context():
     cfg = load_config(None, ["model.rope_scaling=yarn:2.5", "model.rope_fraction=0.25"]).model
     assert (cfg.rope_method, cfg.rope_factor, cfg.rope_pairs) == ("yarn", 2.5, 4)  # of 16 pairs

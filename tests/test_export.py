@@ -332,6 +332,7 @@ def test_export_refuses_bad_input(tmp_path, capsys):
         ({"position": "t5"}, "model.position: t5 cannot be exported"),
         ({"position": "kerple"}, "model.position: kerple cannot be exported"),
         ({"position": "fire"}, "model.position: fire cannot be exported"),
+        ({"position": ["rope", "none"]}, "[rope, none] sets a scheme per layer"),
     ],
 )
 def test_models_transformers_cannot_express_are_refused(model, needle, tmp_path, capsys):

@@ -224,6 +224,8 @@ def test_labels_name_what_differs_besides_the_seed():
     assert labels(seeds) == ("run", ["same config", "same config"])
     two = tiny_config(model={"position": "alibi"}, train={"lr": 1e-3})
     assert labels([rope, two]) == ("runs", ["position=rope, lr=0.003", "position=alibi, lr=0.001"])
+    hybrid = tiny_config(model={"position": ["rope", "none"]})  # as YAML writes a list inline
+    assert labels([rope, hybrid]) == ("position", ["rope", "[rope, none]"])
 
 
 def test_no_results_is_an_error_and_writes_nothing(tmp_path):

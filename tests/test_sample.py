@@ -51,7 +51,7 @@ def test_greedy_is_deterministic_and_cache_equals_recompute(run):
     assert len(tok.decode(a[0])) > 0
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", [*POSITIONS, ["rope", "none"], ["fire", "t5"]], ids=str)
 def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
     model = random_model(position)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]  # last > context
@@ -66,7 +66,7 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
 def test_kv_cache_logits_equal_full_forward():
     from lm.cache import KVCache
 
-    for position in POSITIONS:
+    for position in [*POSITIONS, ["rope", "none"], ["alibi", "kerple"]]:
         model = random_model(position)
         ids = torch.randint(1, 30, (2, 10))
         full = model(ids)
