@@ -138,6 +138,10 @@ class ModelConfig:
     fire_threshold: float = 512.0
     """fire only: the threshold L (its start; learned) below which queries are normalised by
     psi(L) instead of psi(their position) (the paper's code: 512)."""
+    random_positions: int | None = None
+    """Training only: each sequence reads a sorted random draw of distinct positions from
+    [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
+    read 0..L-1. null: off."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
@@ -178,6 +182,20 @@ class ModelConfig:
             )
         self._check_rope()
         self._check_scheme_keys()
+        self._check_random_positions()
+
+    def _check_random_positions(self) -> None:
+        M = self.random_positions
+        if M is None:
+            return
+        if self.context_length > M:
+            raise ConfigError(
+                f"model.random_positions: {M} is below model.context_length="
+                f"{self.context_length}; training draws a sequence's positions from [0, M), so "
+                "M must be at least the longest sequence"
+            )
+        if set(self.layer_positions) == {"none"}:
+            raise ConfigError("model.random_positions: position: none reads no positions")
 
     def _check_position(self) -> None:
         """One scheme, or one per layer; kept as ``layer_positions``."""
@@ -272,6 +290,11 @@ class ModelConfig:
     def layer_positions(self) -> tuple[str, ...]:
         """Each layer's position scheme, ``n_layer`` names."""
         return self._layers
+
+    @property
+    def position_range(self) -> int:
+        """How many positions training reads: ``0 .. position_range - 1``."""
+        return self.random_positions or self.context_length
 
     @property
     def position_text(self) -> str:

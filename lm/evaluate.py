@@ -33,8 +33,11 @@ from lm.runs import TOKENIZER, LoadedRun, load_run
 EVAL_FILE = "eval.json"
 
 
-def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
-    """Move a batch to ``device`` and keep only the masks the model needs.
+def model_inputs(
+    batch: dict[str, torch.Tensor], device: torch.device, key_mask: bool = False
+) -> dict[str, Any]:
+    """Move a batch to ``device`` and keep only the masks the model needs (``key_mask``: always
+    keep it, for random positions, whose draw depends on each row's count of real tokens).
 
     The key mask is dropped, so the model takes the fused causal kernel with no mask tensor,
     when it is all True or when every row's padding is on the right and no document mask
@@ -47,7 +50,7 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
     else:
         moved = {k: v.to(device) for k, v in batch.items()}
     inputs: dict[str, Any] = {"input_ids": moved["input_ids"]}
-    if "segment_ids" in batch or not _right_padded(batch["key_mask"]):
+    if key_mask or "segment_ids" in batch or not _right_padded(batch["key_mask"]):
         inputs["key_mask"] = moved["key_mask"]
     if "segment_ids" in moved:
         inputs["segment_ids"] = moved["segment_ids"]
@@ -194,11 +197,12 @@ def evaluate_lengths(
             "requested": str(spec),
             "trained_context": trained,
         }
-        if cfg.model.position == "learned" and length > trained:
+        if cfg.model.position == "learned" and length > cfg.model.position_range:
             row.update(
                 loss=None,
                 perplexity=None,
-                note=f"learned positions stop at {trained}: no vector for longer contexts",
+                note=f"learned positions stop at {cfg.model.position_range}: no vector for "
+                "longer contexts",
             )
             rows.append(row)
             continue

@@ -20,7 +20,7 @@ import torch
 
 from lm.config import ModelConfig
 from lm.kernels import FLEX_AVAILABLE, causal_mask, flex_backward
-from lm.position import SCHEMES, positions_from_mask, positions_from_segments
+from lm.position import SCHEMES, positions_from_mask, positions_from_segments, random_positions
 
 try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask
@@ -47,7 +47,8 @@ class Plan:
     key_positions: torch.Tensor
     """Each key slot's position ``[Lk]`` or ``[B, Lk]`` (with a KV cache, every slot)."""
     end: int
-    """Slots filled after this pass: every position is below it (known without a device read)."""
+    """Every position is below it (known without a device read): the slots filled after this
+    pass, or ``model.random_positions`` in training with random positions."""
     batch: int
     heads: int
     kernel: str
@@ -103,10 +104,17 @@ def build_plan(
     """The plan of a forward pass over ``input_ids [B, T]``: ``key_mask [B, T]`` (True = real
     token), ``segments [B, T]`` (each token's document: attention stays inside it and positions
     restart), ``cache`` a :class:`lm.cache.KVCache` that the new tokens extend; ``kernel``
-    replaces ``config.attention``; ``causal=False`` lets every query read every key."""
+    replaces ``config.attention``; ``causal=False`` lets every query read every key. In
+    training with ``model.random_positions``, positions are drawn at random (lm.position)."""
     T, device = input_ids.shape[1], input_ids.device
     first = cache.length if cache is not None else 0  # the new tokens' first slot
-    if cache is not None:
+    end = first + T
+    if cache is None and training and config.random_positions is not None:
+        end = config.random_positions
+        B = input_ids.shape[0]
+        positions = random_positions(B, T, end, key_mask, segments, device)
+        key_positions = positions
+    elif cache is not None:
         new = key_mask if key_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         positions = cache.extend(new)  # (B, T), each row counting on from its own real tokens
         key_mask, key_positions = cache.key_mask, cache.key_positions  # (B, capacity) each
@@ -126,7 +134,7 @@ def build_plan(
     chosen = _kernel(kernel or config.attention, device, causal, masked or biased, cache, dropout)
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
-    where = dict(positions=positions, key_positions=key_positions, end=first + T)
+    where = dict(positions=positions, key_positions=key_positions, end=end)
     common = dict(where, batch=input_ids.shape[0], heads=config.n_head, kernel=chosen, dtype=dtype)
     if chosen == "flex":
         return Plan(**common, mask=_block_mask(key_mask, segments, causal, T, device), empty=None)

@@ -121,7 +121,7 @@ class Sinusoidal(Scheme):
         super().__init__(config)
         self.d = config.d_model
         self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
-        self.register_buffer("table", sinusoidal_table(config.context_length, self.d), False)
+        self.register_buffer("table", sinusoidal_table(config.position_range, self.d), False)
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
         table = self.table
@@ -138,7 +138,7 @@ class Learned(nn.Embedding, Scheme):
     acts_on = "embeddings"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        nn.Embedding.__init__(self, config.context_length, config.d_model)
+        nn.Embedding.__init__(self, config.position_range, config.d_model)
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
         if plan.end > self.num_embeddings:  # bounded without reading positions (a GPU stall)
@@ -305,7 +305,7 @@ class Rotary(Scheme):
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.rope = Rope.of(config)
-        cos, sin = self.rope.cos_sin(torch.arange(config.context_length))  # (C, d_k/2) each
+        cos, sin = self.rope.cos_sin(torch.arange(config.position_range))  # (C, d_k/2) each
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -571,6 +571,29 @@ def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -
     """
     start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
     return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def random_positions(
+    batch: int,
+    length: int,
+    limit: int,
+    key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+    Generalization of Transformers"): every run of tokens that counts its positions from 0 (a
+    row's real tokens, or one document of a packed row) gets, for its n positions, n distinct
+    integers drawn at random from ``[0, limit)`` and sorted, instead of ``0 .. n-1``. So a model
+    trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
+    length]``, drawn from torch's generator (a checkpoint keeps its state)."""
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for marks in (key_mask, segments):  # a run ends where padding or the document changes
+        if marks is not None:
+            starts[:, 1:] |= marks[:, 1:] != marks[:, :-1]
+    run = starts.long().cumsum(dim=1) * limit  # (B, T): orders the runs, in row order
+    draw = torch.rand(batch, limit, device=device).argsort(dim=1)[:, :length]  # distinct
+    return (run + draw).sort(dim=1).values - run  # each run's own draws, ascending
 
 
 def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:

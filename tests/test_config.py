@@ -121,6 +121,14 @@ def test_rope_settings_on_another_scheme_are_refused(position):
         (["model.position=t5", "model.t5_max_distance=16"], "must be above t5_buckets/2 = 16"),
         (["model.fire_width=8"], "model.fire_width: applies to position: fire only"),
         (["model.position=fire", "model.fire_threshold=0"], "model.fire_threshold: must be > 0"),
+        (
+            ["model.random_positions=128"],
+            "model.random_positions: 128 is below model.context_length",
+        ),
+        (
+            ["model.position=none", "model.context_length=8", "model.random_positions=64"],
+            "model.random_positions: position: none reads no positions",
+        ),
     ],
 )
 def test_a_schemes_own_keys_are_refused_elsewhere_and_checked_on_it(settings, message):

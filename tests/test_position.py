@@ -1,5 +1,6 @@
 """RoPE and the sinusoid table, as the notes define them."""
 
+import dataclasses
 import math
 
 import pytest
@@ -18,6 +19,7 @@ from lm.position import (
     ntk_base,
     positions_from_mask,
     positions_from_segments,
+    random_positions,
     rope_frequencies,
     rotate_pairs,
     sinusoidal_table,
@@ -219,6 +221,52 @@ def test_positions_count_real_tokens_only_and_restart_at_each_document():
     assert positions_from_mask(ones, torch.tensor([3, 5])).tolist() == [[3, 4], [5, 6]]
     segments = torch.tensor([[0, 0, 0, 1, 1, 2], [4, 4, 4, 4, 4, 4]])
     assert positions_from_segments(segments).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
+
+
+def test_random_positions_are_a_sorted_draw_of_distinct_positions_per_sequence_and_document():
+    torch.manual_seed(0)
+    key_mask = torch.tensor(
+        [[False, False, True, True, True, True], [True, True, False] + [False] * 3]
+    )
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    tops = []
+    for _ in range(200):
+        p = random_positions(2, 6, 64, key_mask, segments)
+        assert ((p >= 0) & (p < 64)).all()
+        for run in (p[0, 2:3], p[0, 3:6], p[1, :2]):  # a document's real tokens, or a row's
+            assert (run[1:] > run[:-1]).all()  # distinct, ascending
+        tops.append(p[1, 1].item())
+    # Each run draws from all of [0, 64) whatever the row's length: the last of the two real
+    # tokens of row 1 reaches the top of the range, as 2 positions drawn from 64 do.
+    assert max(tops) >= 60 and min(tops) <= 8
+    whole = random_positions(1, 6, 6)  # as many positions as the range: 0..5 exactly
+    assert whole.tolist() == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_random_positions_in_training_only_and_the_trained_model_reads_0_to_l():
+    from lm.model import TransformerLM
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(vocab_size=20, context_length=8, n_layer=2, n_head=2, d_model=16)
+    randomized = ModelConfig(**{**dataclasses.asdict(cfg), "random_positions": 64})
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    torch.manual_seed(1)
+    drawn = build_plan(randomized, ids, training=True)
+    assert drawn.positions.shape == (3, 8) and drawn.end == 64 and drawn.positions.max() > 7
+    assert build_plan(randomized, ids).positions.tolist() == list(range(8))  # not training
+    for position in ("rope", "learned", "alibi"):
+        torch.manual_seed(0)
+        trained = TransformerLM(dataclasses.replace(randomized, position=position)).eval()
+        torch.manual_seed(0)
+        plain = TransformerLM(dataclasses.replace(cfg, position=position)).eval()
+        state = trained.state_dict()
+        if position == "learned":  # its table has a row for each of the 64 positions
+            assert state["pos_embed.weight"].shape == (64, 16)
+            state["pos_embed.weight"] = state["pos_embed.weight"][:8]
+        plain.load_state_dict(state)
+        x = torch.randint(0, 20, (2, 8))
+        with torch.no_grad():
+            torch.testing.assert_close(trained(x), plain(x))  # evaluation: positions 0..7
 
 
 # RoPE past its trained context: PI, NTK-aware, YaRN; partial RoPE.

@@ -61,10 +61,16 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         assert (tmp_path / "run" / name).is_file()
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer):
+@pytest.mark.parametrize(
+    ("optimizer", "model"),
+    [("adamw", {}), ("muon", {}), ("adamw", {"random_positions": 96})],
+    ids=["adamw", "muon", "random-positions"],
+)
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
+    # Random positions are drawn from torch's generator, whose state the checkpoint keeps.
     cfg = tiny_config(
-        train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12, "optimizer": optimizer}
+        model=model,
+        train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12, "optimizer": optimizer},
     )
     train(cfg, tmp_path / "straight", quiet=True)
     # Crash at step 13 (between checkpoints 8 and 16), then resume from checkpoint 8.
