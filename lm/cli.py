@@ -143,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     s.add_argument("--device", default="auto")
 
-    e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
+    e = sub.add_parser(
+        "eval",
+        help="validation loss and perplexity at several context lengths; for a run on a "
+        "generated task (builtin:copy, ...), also exact-match accuracy at each task length",
+    )
     e.add_argument("run_dir")
     e.add_argument("--split", choices=["val", "train"], default="val")
     e.add_argument(
@@ -371,11 +375,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from lm.evaluate import evaluate_run, format_table
+    from lm.evaluate import evaluate_run, format_accuracy, format_table
     from lm.runtime import resolve_device
 
     device = resolve_device(args.device, "--device")
-    rows = evaluate_run(
+    result = evaluate_run(
         args.run_dir,
         args.context_lengths,
         args.split,
@@ -385,7 +389,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         args.max_batches,
         args.rope_scaling,
     )
-    print(format_table(rows))
+    print(format_table(result["rows"]))
+    if result["accuracy"] is not None:
+        print("\nExact-match accuracy of the answers, by length:\n")
+        print(format_accuracy(result["accuracy"]))
     return 0
 
 

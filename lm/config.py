@@ -330,6 +330,8 @@ DATA_MODES = ("packed", "padded")
 SPLIT_BY = ("file", "line", "paragraph")
 VAL_SPLITS = ("tail", "random")
 BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
+BUILTINS = ("python-docs", "copy", "reverse", "addition")
+"""``data.source: builtin:NAME``: CPython's help topics, or a generated task (lm/tasks.py)."""
 
 
 @dataclass(frozen=True)
@@ -337,7 +339,8 @@ class DataConfig:
     """Where text comes from, how it becomes token ids, and how ids become batches."""
 
     source: str = "builtin:python-docs"
-    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs."""
+    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
+    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/tasks.py)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -363,7 +366,16 @@ class DataConfig:
     val_split: str = "tail"
     """How to hold it out: tail (the end of the source) | random (documents chosen by seed)."""
     seed: int = 1337
-    """Seed of the random validation split."""
+    """Seed of the random validation split and of a builtin task's examples."""
+    task_lengths: str = "1-20"
+    """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
+    of the input, or digits of each operand)."""
+    task_eval_lengths: str = "1-40"
+    """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
+    task_examples: int = 20000
+    """builtin tasks: training examples generated (val_fraction of them held out)."""
+    task_eval_examples: int = 100
+    """builtin tasks: examples per evaluation length."""
     num_proc: int | None = None
     """Processes for tokenizing; default: the CPU count, capped at 8."""
     cache_dir: str | None = None
@@ -388,6 +400,43 @@ class DataConfig:
             raise ConfigError("data.vocab_size: required with tokenizer: bpe (for example 1024)")
         if self.document_mask and self.mode != "packed":
             raise ConfigError("data.document_mask: only applies to mode: packed")
+        self._check_task()
+
+    def _check_task(self) -> None:
+        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        from lm.tasks import TASKS, parse_lengths, task_of
+
+        source = self.source.strip()
+        if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTINS)
+            raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
+        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+        if task_of(source) is None:
+            for key in keys:
+                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
+                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
+                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
+            return
+        _positive("data", self, "task_eval_examples")
+        if self.task_examples < 2:
+            raise ConfigError(
+                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
+                "validate on)"
+            )
+        try:
+            for key in keys[:2]:
+                parse_lengths(getattr(self, key), f"data.{key}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def task_ranges(self) -> tuple[range, range]:
+        """A task's training and evaluation lengths."""
+        from lm.tasks import parse_lengths
+
+        return (
+            parse_lengths(self.task_lengths, "data.task_lengths"),
+            parse_lengths(self.task_eval_lengths, "data.task_eval_lengths"),
+        )
 
 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
@@ -539,6 +588,23 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        from lm.tasks import task_of, tokens
+
+        task = task_of(self.data.source)
+        if task is None:
+            return
+        C = self.model.context_length
+        keys = ("task_lengths", "task_eval_lengths")
+        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
+            longest = tokens(task, lengths[-1])
+            if longest - 1 > C:  # its inputs: every token but the last target
+                raise ConfigError(
+                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
+                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
+                    "context or shorten the lengths"
+                )
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -9,6 +9,10 @@ A RoPE model can also be evaluated with another context extension than it was tr
 Lengths are whole numbers of tokens or multiples of the trained context (``2x``). At each one
 the split is read in non-overlapping windows of that length, every token a target once; the
 rows say how many windows that was and when none reaches the length (a split shorter than it).
+
+A run trained on a generated task (``builtin:copy``, ``reverse``, ``addition``) is also asked
+for exact answers at every evaluation length (:func:`task_accuracy`): whether it does the task
+at lengths it never saw, which its loss alone does not say.
 """
 
 from __future__ import annotations
@@ -24,11 +28,13 @@ from typing import Any
 import torch
 
 from lm.batches import eval_batches, eval_windows
-from lm.config import DataConfig, LMError, parse_rope_scaling
+from lm.config import Config, DataConfig, LMError, parse_rope_scaling
 from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World, all_reduce_sum
 from lm.model import TransformerLM, loss_sum
 from lm.runs import TOKENIZER, LoadedRun, load_run
+from lm.sample import generate
+from lm.tasks import evaluation_examples, task_of
 
 EVAL_FILE = "eval.json"
 
@@ -247,9 +253,10 @@ def evaluate_run(
     device: str = "cpu",
     max_batches: int | None = None,
     rope_scaling: str | None = None,
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
     """``lm eval``: :func:`evaluate_lengths` of a run's model (with ``rope_scaling`` at
-    evaluation time, if given); the rows are also written to ``eval.json``."""
+    evaluation time, if given), and for a generated task its :func:`task_accuracy`; what
+    ``eval.json`` holds: ``rows`` (losses) and ``accuracy`` (a task's, else None)."""
     run = load_evaluated(run_dir, checkpoint, device, rope_scaling)
     rows = evaluate_lengths(run, run_dir, context_lengths, split, batch_size, device, max_batches)
     result = {
@@ -258,9 +265,62 @@ def evaluate_run(
         "checkpoint": str(run.checkpoint),
         "rope_scaling": run.config.model.rope_scaling,
         "rows": rows,
+        "accuracy": task_accuracy(run, device, batch_size) if is_task(run.config) else None,
     }
     (Path(run_dir) / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def is_task(config: Config) -> bool:
+    """Whether a run trained on a generated task (``builtin:copy`` ...)."""
+    return task_of(config.data.source) is not None
+
+
+@torch.no_grad()
+def task_accuracy(
+    run: LoadedRun, device: str = "cpu", batch_size: int | None = None
+) -> list[dict[str, Any]]:
+    """Exact-match accuracy of a task run at each of ``data.task_eval_lengths``: the answers it
+    gives greedily (``lm.sample.generate``, KV cache) to ``data.task_eval_examples`` prompts per
+    length, each right only if every token and the end of the document are. One row per length:
+    ``length``, ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length)."""
+    data = run.config.data
+    task = task_of(data.source)
+    trained, lengths = data.task_ranges()
+    tok = run.tokenizer
+    size = batch_size or run.config.train.eval_batch()
+    rows = []
+    for length in lengths:
+        pairs = evaluation_examples(task, length, data.task_eval_examples, data.seed)
+        prompts = [tok.encode(p) for p, _ in pairs]
+        answers = [tok.encode(a) for _, a in pairs]
+        correct = 0
+        for i in range(0, len(pairs), size):
+            want = answers[i : i + size]
+            longest = max(map(len, want)) + 1  # the answer, then <eod>
+            got = generate(run.model, prompts[i : i + size], longest, tok.pad_id, tok.eod_id)
+            correct += sum(g == w for g, w in zip(got, want, strict=True))
+        rows.append(
+            {
+                "length": length,
+                "accuracy": correct / len(pairs),
+                "correct": correct,
+                "examples": len(pairs),
+                "trained": length in trained,
+            }
+        )
     return rows
+
+
+def format_accuracy(rows: list[dict[str, Any]]) -> str:
+    """A task's accuracy rows as a Markdown table; trained lengths marked."""
+    lines = ["| length | exact match | correct | trained length |", "|---:|---:|---:|:---:|"]
+    for r in rows:
+        mark = "yes" if r["trained"] else ""
+        lines.append(
+            f"| {r['length']} | {r['accuracy']:.1%} | {r['correct']}/{r['examples']} | {mark} |"
+        )
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

@@ -37,10 +37,11 @@ from lm.config import (
     split_values,
 )
 from lm.data import print_to_stderr
-from lm.evaluate import evaluate_lengths, load_evaluated
-from lm.report import PICTURES, RunResult, write_report
+from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
+from lm.report import RunResult, write_report
 from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.sample import generate
+from lm.tasks import evaluation_examples, task_of
 from lm.train import train
 
 DEFAULT_OUT = Path("runs/compare")
@@ -266,8 +267,12 @@ def measure_run(
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
+    # A task's loss is measured at its trained context only: its examples are shorter, and what
+    # it says about longer ones is its accuracy.
+    task = is_task(cfg)
+    default = ["1x"] if task else list(EXTRAPOLATION)
     rows = evaluate_lengths(
-        run, run_dir, lengths or list(EXTRAPOLATION), device=device, max_batches=eval_batches
+        run, run_dir, lengths or default, device=device, max_batches=eval_batches
     )
     tok = run.tokenizer
     prompt_ids = tok.encode(prompt) or [tok.eod_id]
@@ -292,7 +297,17 @@ def measure_run(
         metrics=records,
         prompt_unknown=tok.count_unknown(prompt),
         rope_scaling=rope_scaling,
+        accuracy=task_accuracy(run, device) if task else None,
     )
+
+
+def _task_prompt(run_dir: Path) -> str | None:
+    """For a task run, a prompt of the task at its longest trained length (else None)."""
+    data = load_config(Path(run_dir) / CONFIG).data
+    task = task_of(data.source)
+    if task is None:
+        return None
+    return evaluation_examples(task, data.task_ranges()[0][-1], 1, data.seed)[0][0]
 
 
 def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
@@ -319,7 +334,8 @@ def report(
     the other runs once. ``eval_lengths``: the evaluation lengths (default 1x, 2x, 4x)."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
-    prompt = DEFAULT_PROMPT if prompt is None else prompt
+    if prompt is None:  # a task run continues a prompt of its task
+        prompt = _task_prompt(run_dirs[0]) or DEFAULT_PROMPT
     positions = {Path(d): load_config(Path(d) / CONFIG).model.layer_positions for d in run_dirs}
     if rope_scalings is not None:
         _check_rope(positions.values())
@@ -341,7 +357,7 @@ def report(
                 )
             )
     markdown = write_report(results, out_dir, prompt, max_new_tokens)
-    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and {len(PICTURES)} pictures")
+    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and its pictures")
     return markdown
 
 

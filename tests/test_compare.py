@@ -308,7 +308,7 @@ def test_an_evaluation_only_vary_measures_the_same_runs_without_retraining(sweep
     for label in labels[:4]:
         method = label.partition(" + ")[2] or None
         cells = table_row(out, label, 4)
-        rows = evaluate_run(rope, ["1x", "1.5x", "2x"], rope_scaling=method)
+        rows = evaluate_run(rope, ["1x", "1.5x", "2x"], rope_scaling=method)["rows"]
         assert cells[1:] == [f"{row['loss']:.4f}" for row in rows], label
     assert table_row(out, "learned", 4)[2:] == ["n/a [1]", "n/a [1]"]
     # The training table lists each trained run once.
