@@ -35,8 +35,6 @@ class DataError(LMError):
 
 
 ATTENTION_KERNELS = ("sdpa", "flex", "math")
-SCHEME_KEYS = {"t5": ("t5_buckets", "t5_max_distance"), "fire": ("fire_width", "fire_threshold")}
-"""Model keys that belong to one position scheme (RoPE's are checked on their own)."""
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
@@ -236,16 +234,9 @@ class ModelConfig:
         object.__setattr__(self, "_layers", tuple(names * (self.n_layer // len(names))))
 
     def _check_scheme_keys(self) -> None:
-        """The keys of one scheme are set only on a model that uses it, each within its range."""
-        used = set(self.layer_positions)
-        for scheme, keys in SCHEME_KEYS.items():
-            for name in keys:
-                default = ModelConfig.__dataclass_fields__[name].default
-                if scheme not in used and getattr(self, name) != default:
-                    raise ConfigError(
-                        f"model.{name}: applies to position: {scheme} only (this model uses "
-                        f"{self.position_text})"
-                    )
+        """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
+        a model that uses their scheme, so that one config can hold them for a sweep over
+        ``model.position``."""
         _positive("model", self, "fire_width", "fire_threshold")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")

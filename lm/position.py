@@ -586,7 +586,11 @@ def random_positions(
     row's real tokens, or one document of a packed row) gets, for its n positions, n distinct
     integers drawn at random from ``[0, limit)`` and sorted, instead of ``0 .. n-1``. So a model
     trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
-    length]``, drawn from torch's generator (a checkpoint keeps its state)."""
+    length]``, drawn from torch's generator (a checkpoint keeps its state).
+
+    lm draws them in training only (``build_plan``); evaluation and sampling read ``0 .. n-1``.
+    The paper's code (google-deepmind/randomized_positional_encodings) draws them at every call,
+    evaluation included, and one draw per batch rather than per sequence."""
     starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
     for marks in (key_mask, segments):  # a run ends where padding or the document changes
         if marks is not None:

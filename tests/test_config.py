@@ -1,6 +1,7 @@
 """Config loading: one-line errors naming the key, overrides, every shipped config loads, the
 differences between two configs, and every key listed in the README."""
 
+import dataclasses
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -115,11 +116,8 @@ def test_rope_settings_on_another_scheme_are_refused(position):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        (["model.t5_buckets=64"], "model.t5_buckets: applies to position: t5 only"),
-        (["model.t5_max_distance=64"], "model.t5_max_distance: applies to position: t5 only"),
         (["model.position=t5", "model.t5_buckets=1"], "model.t5_buckets: must be at least 2"),
         (["model.position=t5", "model.t5_max_distance=16"], "must be above t5_buckets/2 = 16"),
-        (["model.fire_width=8"], "model.fire_width: applies to position: fire only"),
         (["model.position=fire", "model.fire_threshold=0"], "model.fire_threshold: must be > 0"),
         (
             ["model.random_positions=128"],
@@ -131,11 +129,15 @@ def test_rope_settings_on_another_scheme_are_refused(position):
         ),
     ],
 )
-def test_a_schemes_own_keys_are_refused_elsewhere_and_checked_on_it(settings, message):
+def test_a_schemes_own_keys_are_checked_and_read_by_that_scheme_only(settings, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, settings)
     assert_one_line(e, message)
     assert load_config(None, ["model.position=t5", "model.t5_max_distance=17"]).model.t5_buckets
+    # One config may hold them for a sweep over model.position: a RoPE model reads none.
+    rope = load_config(None, ["model.fire_threshold=4", "model.t5_buckets=8"]).model
+    model = TransformerLM(dataclasses.replace(rope, vocab_size=10, n_layer=1))
+    assert not [n for n, _ in model.named_parameters() if ".position." in n]
 
 
 def test_position_per_layer_as_a_list_or_a_repeated_pattern(tmp_path):
