@@ -44,7 +44,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = config.dropout
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # W_O
-        self.position = attention_part(config)
+        self.position = attention_part(config, layer)
 
     def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
         """Self-attention of ``x [B, T, d]`` as ``plan`` places and masks it, ``[B, T, d]``.

@@ -2,7 +2,8 @@
 
 Every batch is a dict of ``input_ids``, ``targets``, ``key_mask`` (True at real input tokens:
 padded keys never supply values to real queries) and ``loss_mask`` (True where the target is
-real: padded targets add no loss), plus ``segment_ids`` for packed windows with document masks.
+real: padded targets add no loss; for a generated task, only its answers' tokens count), plus
+``segment_ids`` for packed windows with document masks.
 ``packed`` draws random windows from the token stream; ``padded`` trains on one document (chunk)
 per row, grouped by length. :class:`TrainBatches` makes the batch of a step a function of
 (seed, step) alone, so a resumed or multi-process run sees the same examples as one
@@ -170,11 +171,20 @@ class TrainBatches:
                 _packed_batch(self.split, starts[part], self.context_length, self.cfg)
                 for part in self._parts()
             ]
-            return micro, self.batch_size * self.context_length
+            if self.split.answers is None:
+                return micro, self.batch_size * self.context_length
+            lengths = np.full(len(starts), self.context_length + 1)
+            return micro, int(trained_targets(self.split, starts, lengths).sum())
         epoch, index = divmod(step, self.batches_per_epoch)
         rows = self._epoch(epoch)[index]
-        micro = [self._collate([self._sequence(i) for i in rows[part]]) for part in self._parts()]
-        return micro, int((self._lengths[rows] - 1).sum())
+        micro = []
+        for part in self._parts():
+            batch = self._collate([self._sequence(i) for i in rows[part]])
+            micro.append(_answers_only(batch, self.split, self._starts[rows[part]]))
+        if self.split.answers is None:
+            return micro, int((self._lengths[rows] - 1).sum())
+        counted = trained_targets(self.split, self._starts[rows], self._lengths[rows])
+        return micro, int(counted.sum())
 
     def _parts(self) -> list[slice]:
         # Part m * world_size + rank: at each micro-step every rank holds a neighbouring slice
@@ -238,6 +248,7 @@ def eval_batches(
         batch = collate(
             [split.tokens[s : s + n] for s, n in zip(starts[rows], lengths[rows], strict=True)]
         )
+        batch = _answers_only(batch, split, starts[rows])
         if cfg.mode == "packed" and cfg.document_mask:
             batch["segment_ids"] = _segment_ids(split, starts[rows], batch["input_ids"].shape[1])
         if b >= n_batches:
@@ -257,6 +268,36 @@ def eval_windows(
     starts, lengths = _chunks(split, T)
     longest_first = np.argsort(-lengths, kind="stable")
     return starts[longest_first], lengths[longest_first]
+
+
+def trained_targets(split: TokenizedSplit, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``[B, max(lengths) - 1]``: True where sequence b (``lengths[b]`` tokens from
+    ``starts[b]``) has a target t, the token at ``starts[b] + t + 1``, that is trained on: every
+    real target, or for a generated task only those in their document's answer (its <eod>
+    included; the next document's prompt not)."""
+    T = int(lengths.max()) - 1
+    t = np.arange(T)
+    real = t < (lengths[:, None] - 1)
+    if split.answers is None:
+        return real
+    g = np.minimum(starts[:, None] + t + 1, split.n_tokens - 1)  # (B, T): each target's index
+    doc = np.searchsorted(split.offsets, g, side="right") - 1
+    return real & (g - split.offsets[doc] >= split.answers[doc])
+
+
+def _answers_only(
+    batch: dict[str, torch.Tensor], split: TokenizedSplit, starts: np.ndarray
+) -> dict[str, torch.Tensor]:
+    """``batch`` (right-padded sequences from ``starts``) with a task's prompt targets taken out
+    of its loss mask."""
+    if split.answers is None:
+        return batch
+    B, T = batch["loss_mask"].shape
+    lengths = batch["loss_mask"].sum(dim=1).numpy() + 1
+    trained = np.zeros((B, T), bool)
+    counted = trained_targets(split, starts, lengths)
+    trained[:, : counted.shape[1]] = counted
+    return {**batch, "loss_mask": batch["loss_mask"] & torch.from_numpy(trained)}
 
 
 def _chunks(split: TokenizedSplit, context_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -280,12 +321,16 @@ def _packed_batch(
     positions = starts[:, None] + np.arange(context_length + 1)  # (B, T + 1)
     window = torch.from_numpy(split.tokens[positions].astype(np.int64))
     everywhere = torch.ones(len(starts), context_length, dtype=torch.bool)
-    batch = {
-        "input_ids": window[:, :-1].contiguous(),
-        "targets": window[:, 1:].contiguous(),
-        "key_mask": everywhere,
-        "loss_mask": everywhere.clone(),
-    }
+    batch = _answers_only(
+        {
+            "input_ids": window[:, :-1].contiguous(),
+            "targets": window[:, 1:].contiguous(),
+            "key_mask": everywhere,
+            "loss_mask": everywhere.clone(),
+        },
+        split,
+        starts,
+    )
     if cfg.document_mask:
         batch["segment_ids"] = _segment_ids(split, starts, context_length)
     return batch

@@ -17,7 +17,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from lm.config import Config, ConfigError, flatten
+from lm.config import Config, ConfigError, flatten, value_text
 
 EVENTS_GLOB = "events.out.tfevents.*"
 # The HParams dashboard lists these next to each run's config; values come from the scalars.
@@ -64,7 +64,7 @@ def flat_config(config: Config) -> dict[str, Any]:
     """``{"model.position": "rope", ...}``; booleans as words, unset keys left out."""
     words = {True: "true", False: "false"}
     return {
-        k: words[v] if isinstance(v, bool) else v
+        k: words[v] if isinstance(v, bool) else value_text(v) if isinstance(v, list) else v
         for k, v in flatten(config).items()
         if v is not None
     }

@@ -160,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
 
-    e = sub.add_parser("eval", help="validation loss and perplexity at several context lengths")
+    e = sub.add_parser(
+        "eval",
+        help="validation loss and perplexity at several context lengths; for a run on a "
+        "generated task (builtin:copy, ...), also exact-match accuracy at each task length",
+    )
     e.add_argument("run_dir")
     e.add_argument(
         "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
@@ -196,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--vary",
         action="append",
         metavar="KEY=V1,V2,...",
-        help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned; "
+        help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned "
+        "(a list value keeps its commas inside brackets: 'model.position=rope,[rope,none]'); "
         "give it again with eval.rope_scaling=none,pi:4,ntk:4,yarn:4 to also evaluate every RoPE "
         "run with each context extension (no retraining)",
     )
@@ -257,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "positions",
-        help="position diagnostics: the sinusoid table, or a run's mean score by query-key offset",
+        help="position diagnostics: the sinusoid table, or a run's mean score by query-key offset "
+        "(and its position bias against distance, for a scheme that biases scores)",
     )
     p.add_argument(
         "run_dir", nargs="?", help="a trained run (default: draw the sinusoid table instead)"
@@ -268,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--windows", type=positive_int, default=16, help="validation windows to average over"
     )
     p.add_argument(
-        "--out", help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png)"
+        "--out",
+        help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png; a run's bias "
+        "against distance goes to RUN_DIR/bias_by_distance.png, or NAME_bias.png beside --out)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
@@ -416,11 +424,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from lm.evaluate import evaluate_run, format_table, setting_line
+    from lm.evaluate import evaluate_run, format_accuracy, format_table, setting_line
     from lm.runtime import resolve_device
 
     device = resolve_device(args.device, "--device")
-    rows = evaluate_run(
+    result = evaluate_run(
         args.run_dir,
         args.context_lengths,
         args.split,
@@ -432,7 +440,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     )
     if args.rope_scaling is not None:
         print(setting_line(args.run_dir, args.rope_scaling))
-    print(format_table(rows))
+    print(format_table(result["rows"]))
+    if result["accuracy"] is not None:
+        print("\nExact-match accuracy of the answers, by length:\n")
+        print(format_accuracy(result["accuracy"]))
     return 0
 
 
@@ -496,7 +507,7 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
-    from lm.diagnostics import draw_sinusoids, score_by_offset
+    from lm.diagnostics import draw_bias_by_distance, draw_sinusoids, score_by_offset
     from lm.runtime import resolve_device
 
     if args.run_dir is None:
@@ -506,6 +517,12 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     else:
         device = str(resolve_device(args.device, "--device"))
         _, path = score_by_offset(args.run_dir, args.out, args.windows, device)
+        beside = None if args.out is None else Path(args.out)
+        if beside is not None:
+            beside = beside.with_name(f"{beside.stem}_bias{beside.suffix}")
+        bias = draw_bias_by_distance(args.run_dir, beside, device)
+        if bias is not None:
+            print(bias)
     print(path)
     return 0
 

@@ -44,6 +44,25 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.position``): none, Position Interpolation, NTK-aware, YaRN."""
 
 
+def value_text(value: Any) -> str:
+    """A config value as YAML writes it inline: lists as ``[a, b, ...]``, the rest as text."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def split_values(text: str) -> list[str]:
+    """``"rope,[rope,none],alibi"`` -> ``["rope", "[rope,none]", "alibi"]``: values separated by
+    the commas outside brackets, stripped; empty ones dropped."""
+    values, depth, start = [], 0, 0
+    for i, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth <= 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    return [v for v in values if v]
+
+
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
@@ -98,8 +117,11 @@ class ModelConfig:
     """Width of the residual stream (d in the notes)."""
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
-    position: str = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | none."""
+    position: str | list[str] = "rope"
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
+    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
+    embeddings, below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
     which trains far worse (README, "Compare position schemes")."""
@@ -111,6 +133,19 @@ class ModelConfig:
     """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
     rope_original_context: int | None = None
     """The context RoPE was first trained at (YaRN's L); default context_length."""
+    t5_buckets: int = 32
+    """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
+    t5_max_distance: int = 128
+    """t5 only: the distance from which every longer one shares the last bucket."""
+    fire_width: int = 32
+    """fire only: hidden width of FIRE's MLP of the normalised distance (Li et al.: 32)."""
+    fire_threshold: float = 512.0
+    """fire only: the threshold L (its start; learned) below which queries are normalised by
+    psi(L) instead of psi(their position) (the paper's code: 512)."""
+    random_positions: int | None = None
+    """Training only: each sequence reads a sorted random draw of distinct positions from
+    [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
+    read 0..L-1. null: off."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     attention: str = "sdpa"
@@ -127,9 +162,7 @@ class ModelConfig:
         s = "model"
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
-        from lm.position import POSITIONS  # the registry of schemes (lm.position imports this)
-
-        _choice(s, "position", self.position, POSITIONS)
+        self._check_position()
         _choice(s, "attention", self.attention, ATTENTION_KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -142,7 +175,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        if self.position == "rope" and self.head_dim % 2:
+        if "rope" in self.layer_positions and self.head_dim % 2:
             raise ConfigError(
                 f"model.position: rope rotates feature pairs, so the head width "
                 f"d_model/n_head={self.head_dim} must be even"
@@ -157,6 +190,72 @@ class ModelConfig:
                 f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
             )
         self._check_rope()
+        self._check_scheme_keys()
+        self._check_random_positions()
+
+    def _check_random_positions(self) -> None:
+        M = self.random_positions
+        if M is None:
+            return
+        if self.context_length > M:
+            raise ConfigError(
+                f"model.random_positions: {M} is below model.context_length="
+                f"{self.context_length}; training draws a sequence's positions from [0, M), so "
+                "M must be at least the longest sequence"
+            )
+        if set(self.layer_positions) == {"none"}:
+            raise ConfigError("model.random_positions: position: none reads no positions")
+
+    def _check_position(self) -> None:
+        """One scheme, or one per layer; kept as ``layer_positions``."""
+        from lm.position import POSITIONS, SCHEMES  # the registry (lm.position imports this)
+
+        if isinstance(self.position, str):
+            _choice("model", "position", self.position, POSITIONS)
+            object.__setattr__(self, "_layers", (self.position,) * self.n_layer)
+            return
+        text = value_text(self.position)
+        names = list(self.position)
+        repeat = names[-1:] == ["..."]
+        names = names[:-1] if repeat else names
+        if not names:
+            raise ConfigError(
+                f"model.position: {text} names no scheme; give one per layer, for example "
+                "[rope, rope, rope, none]"
+            )
+        for name in names:
+            if name == "...":
+                raise ConfigError(f"model.position: {text}: ... may only end the list")
+            _choice("model", "position", name, POSITIONS)
+            if SCHEMES[name].acts_on == "embeddings":
+                raise ConfigError(
+                    f"model.position: {text}: {name} adds to the embeddings, below every layer "
+                    f"at once, and cannot be chosen per layer (write position: {name})"
+                )
+        if repeat and self.n_layer % len(names):
+            raise ConfigError(
+                f"model.position: {text} repeats {len(names)} schemes, which does not fill "
+                f"n_layer={self.n_layer} layers"
+            )
+        if not repeat and len(names) != self.n_layer:
+            raise ConfigError(
+                f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
+                "layers; give one per layer, or end the list with ... to repeat it"
+            )
+        object.__setattr__(self, "_layers", tuple(names * (self.n_layer // len(names))))
+
+    def _check_scheme_keys(self) -> None:
+        """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
+        a model that uses their scheme, so that one config can hold them for a sweep over
+        ``model.position``."""
+        _positive("model", self, "fire_width", "fire_threshold")
+        if self.t5_buckets < 2:
+            raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
+        if self.t5_max_distance <= self.t5_buckets // 2:
+            raise ConfigError(
+                f"model.t5_max_distance: must be above t5_buckets/2 = {self.t5_buckets // 2} "
+                f"(the distances with a bucket each), got {self.t5_max_distance}"
+            )
 
     def _check_rope(self) -> None:
         """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
@@ -165,17 +264,17 @@ class ModelConfig:
         _positive("model", self, "rope_original_context")
         if not 0.0 < self.rope_fraction <= 1.0:
             raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
-        if self.position != "rope":
+        if "rope" not in self.layer_positions:
             for name, default in (("rope_fraction", 1.0), ("rope_original_context", None)):
                 if getattr(self, name) != default:
                     raise ConfigError(
                         f"model.{name}: applies to position: rope only (this model uses "
-                        f"{self.position})"
+                        f"{self.position_text})"
                     )
             if self.rope_method != "none":
                 raise ConfigError(
                     f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "
-                    f"position: {self.position}"
+                    f"position: {self.position_text}"
                 )
             return
         pairs = self.rope_fraction * self.head_dim / 2
@@ -188,6 +287,21 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def layer_positions(self) -> tuple[str, ...]:
+        """Each layer's position scheme, ``n_layer`` names."""
+        return self._layers
+
+    @property
+    def position_range(self) -> int:
+        """How many positions training reads: ``0 .. position_range - 1``."""
+        return self.random_positions or self.context_length
+
+    @property
+    def position_text(self) -> str:
+        """``position`` as a reader writes it: ``rope``, ``[rope, rope, rope, none, ...]``."""
+        return value_text(self.position)
 
     @property
     def rope_method(self) -> str:
@@ -218,6 +332,8 @@ DATA_MODES = ("packed", "padded")
 SPLIT_BY = ("file", "line", "paragraph")
 VAL_SPLITS = ("tail", "random")
 BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
+BUILTINS = ("python-docs", "copy", "reverse", "addition")
+"""``data.source: builtin:NAME``: CPython's help topics, or a generated task (lm/tasks.py)."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +341,8 @@ class DataConfig:
     """Where text comes from, how it becomes token ids, and how ids become batches."""
 
     source: str = "builtin:python-docs"
-    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs."""
+    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
+    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/tasks.py)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -251,7 +368,16 @@ class DataConfig:
     val_split: str = "tail"
     """How to hold it out: tail (the end of the source) | random (documents chosen by seed)."""
     seed: int = 1337
-    """Seed of the random validation split."""
+    """Seed of the random validation split and of a builtin task's examples."""
+    task_lengths: str = "1-20"
+    """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
+    of the input, or digits of each operand)."""
+    task_eval_lengths: str = "1-40"
+    """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
+    task_examples: int = 20000
+    """builtin tasks: training examples generated (val_fraction of them held out)."""
+    task_eval_examples: int = 100
+    """builtin tasks: examples per evaluation length."""
     num_proc: int | None = None
     """Processes for tokenizing; default: the CPU count, capped at 8."""
     cache_dir: str | None = None
@@ -276,6 +402,43 @@ class DataConfig:
             raise ConfigError("data.vocab_size: required with tokenizer: bpe (for example 1024)")
         if self.document_mask and self.mode != "packed":
             raise ConfigError("data.document_mask: only applies to mode: packed")
+        self._check_task()
+
+    def _check_task(self) -> None:
+        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        from lm.tasks import TASKS, parse_lengths, task_of
+
+        source = self.source.strip()
+        if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTINS)
+            raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
+        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+        if task_of(source) is None:
+            for key in keys:
+                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
+                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
+                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
+            return
+        _positive("data", self, "task_eval_examples")
+        if self.task_examples < 2:
+            raise ConfigError(
+                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
+                "validate on)"
+            )
+        try:
+            for key in keys[:2]:
+                parse_lengths(getattr(self, key), f"data.{key}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def task_ranges(self) -> tuple[range, range]:
+        """A task's training and evaluation lengths."""
+        from lm.tasks import parse_lengths
+
+        return (
+            parse_lengths(self.task_lengths, "data.task_lengths"),
+            parse_lengths(self.task_eval_lengths, "data.task_eval_lengths"),
+        )
 
 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
@@ -444,6 +607,23 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
+    def __post_init__(self) -> None:
+        from lm.tasks import task_of, tokens
+
+        task = task_of(self.data.source)
+        if task is None:
+            return
+        C = self.model.context_length
+        keys = ("task_lengths", "task_eval_lengths")
+        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
+            longest = tokens(task, lengths[-1])
+            if longest - 1 > C:  # its inputs: every token but the last target
+                raise ConfigError(
+                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
+                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
+                    "context or shorten the lengths"
+                )
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
 
@@ -453,7 +633,13 @@ class Config:
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list[str]: "a list of names",
+}
 
 
 _OLD_SWITCH_WORDS = {"true": True, "false": False, "auto": None}
@@ -477,6 +663,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return float(value)
         if t is str and isinstance(value, str):
             return value
+        if t == list[str] and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
     # Configs written before the optional switches (compile, tensorboard) became true | false |
     # null stored them as the words "true", "false" and "auto"; those runs still load.
     if bool in options and type(None) in options and value in _OLD_SWITCH_WORDS:

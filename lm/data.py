@@ -6,13 +6,15 @@
    line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
    Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
    trainer works offline on any machine). Empty documents are skipped: they hold nothing to
-   predict.
+   predict. A generated task (``builtin:copy``, ``reverse``, ``addition``: :mod:`lm.tasks`)
+   gives one document per example, with where its answer starts.
 2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
    either the tail of the source or documents drawn with a seed. A single document is split by
    characters, as nanoGPT splits Tiny Shakespeare (train = the first 90%).
 3. **Tokenizer**: trained on the training split only (and cached), or loaded from a file.
 4. **Token ids**: each document + ``<eod>``, all concatenated into ``train.bin``/``val.bin``,
-   with document offsets in ``.idx``. The folder is keyed by a hash of the source, the split
+   with document offsets in ``.idx`` (and, for a task, each answer's first token in ``.ans``:
+   the loss is on the answers only). The folder is keyed by a hash of the source, the split
    settings and the tokenizer, and appears atomically, so a second run reads it back.
 
 ``lm.batches`` turns the token ids into training and evaluation batches.
@@ -42,9 +44,9 @@ import numpy as np
 import pyarrow.compute as pc
 
 from lm.config import BUILTIN_TOKENIZERS, DataConfig, DataError
+from lm.tasks import TASKS, task_of, training_examples
 from lm.tokenizer import TextTokenizer, train_tokenizer
 
-BUILTINS = ("python-docs",)
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
 HUB_VAL_SPLITS = ("validation", "valid", "test")
@@ -63,6 +65,9 @@ class TokenizedSplit:
     """All documents' ids concatenated, each ending with <eod> (a read-only memmap)."""
     offsets: np.ndarray
     """int64 [n_docs + 1]: document i is tokens[offsets[i]:offsets[i + 1]]."""
+    answers: np.ndarray | None = None
+    """int64 [n_docs]: where each document's answer starts, in tokens from its first (a task's
+    prompt is not trained on); None: every token is."""
 
     @property
     def n_docs(self) -> int:
@@ -192,7 +197,7 @@ def _hash(obj: Any) -> str:
 class _Source:
     """Where the documents come from, found without reading them (so a cache hit reads nothing)."""
 
-    kind: str  # builtin | files | hub
+    kind: str  # builtin | task | files | hub
     fingerprint: dict[str, Any]
     files: tuple[Path, ...] = ()
 
@@ -201,9 +206,9 @@ def _resolve_source(cfg: DataConfig) -> _Source:
     source = cfg.source.strip()
     if source.startswith("builtin:"):
         name = source.removeprefix("builtin:")
-        if name not in BUILTINS:
-            known = ", ".join(f"builtin:{b}" for b in BUILTINS)
-            raise DataError(f"data.source: unknown builtin {source!r} (builtins: {known})")
+        if name in TASKS:
+            settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
+            return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
         # The help topics change with the Python release that ships them.
         return _Source("builtin", {"builtin": name, "python": platform.python_version()})
     if not _looks_local(source):
@@ -259,6 +264,14 @@ def _load_documents(
 ) -> tuple[datasets.Dataset, datasets.Dataset | None, int]:
     """The training documents, the source's own validation documents (or None), and the
     number of characters in both; each dataset has a single ``text`` column."""
+    if source.kind == "task":
+        task = task_of(cfg.source)
+        pairs = training_examples(task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed)
+        pairs = pairs[: cfg.max_documents]
+        prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
+        text = [p + a for p, a in pairs]
+        docs = datasets.Dataset.from_dict({"text": text, "prompt": prompts, "answer": answers})
+        return docs, None, sum(map(len, text))
     if source.kind == "builtin":
         from pydoc_data.topics import topics
 
@@ -557,11 +570,18 @@ def _write_cache(
 def _tokenize(
     docs: datasets.Dataset, tokenizer: TextTokenizer, num_proc: int, arrow: Path, name: str
 ) -> datasets.Dataset:
-    """A dataset with one ``ids`` list per document, ``<eod>`` appended (batched, in parallel)."""
+    """A dataset with one ``ids`` list per document, ``<eod>`` appended (batched, in parallel);
+    a task's prompt and answer are encoded apart, with ``answer`` where the answer starts."""
     eod = tokenizer.eod_id
 
-    def encode(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return {"ids": [[*ids, eod] for ids in tokenizer.encode_batch(batch["text"])]}
+    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
+        if "answer" not in batch:
+            return {"ids": [[*ids, eod] for ids in tokenizer.encode_batch(batch["text"])]}
+        prompts, answers = (tokenizer.encode_batch(batch[k]) for k in ("prompt", "answer"))
+        return {
+            "ids": [[*p, *a, eod] for p, a in zip(prompts, answers, strict=True)],
+            "answer": [len(p) for p in prompts],
+        }
 
     return docs.map(
         encode,
@@ -587,9 +607,15 @@ def _write_split(ids: datasets.Dataset, folder: Path, name: str, dtype: type) ->
     tokens.flush()
     del tokens
     offsets.tofile(folder / f"{name}.idx")
+    if "answer" in ids.column_names:
+        ids.data.column("answer").to_numpy().astype(np.int64).tofile(folder / f"{name}.ans")
     return {"documents": len(column), "tokens": int(offsets[-1])}
 
 
 def _read_split(folder: Path, name: str, dtype: np.dtype) -> TokenizedSplit:
     tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r")
-    return TokenizedSplit(tokens, np.fromfile(folder / f"{name}.idx", dtype=np.int64))
+    offsets = np.fromfile(folder / f"{name}.idx", dtype=np.int64)
+    answers = folder / f"{name}.ans"
+    return TokenizedSplit(
+        tokens, offsets, np.fromfile(answers, dtype=np.int64) if answers.is_file() else None
+    )

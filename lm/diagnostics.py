@@ -6,6 +6,7 @@ rotated query-key score depends on the offset ``s - l`` rather than on the posit
 themselves. :func:`score_by_offset` measures what a trained model made of that: the pre-softmax
 score ``S = q·k / sqrt(d_k)`` (a position bias such as ALiBi's included, as the softmax sees
 it), averaged over every query-key pair at each offset, per layer and head.
+:func:`bias_by_distance` draws the bias alone, for the schemes that add one to the scores.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from lm import plots
 from lm.config import LMError
 from lm.data import prepare_data
+from lm.model import TransformerLM
 from lm.position import SCHEMES, sinusoidal_table
 from lm.runs import TOKENIZER, check_out_dir, load_run
 from lm.tokenizer import TextTokenizer
@@ -125,7 +127,7 @@ def draw_attention(
         tokens,
         [f"head {h}" for h in heads],
         path,
-        suptitle=f"{_name(run_dir)}: {cfg.position} positions, layer {layer}",
+        suptitle=f"{_name(run_dir)}: {cfg.position_text} positions, layer {layer}",
     )
     return AttentionPicture(weights, tokens, layer, heads, path)
 
@@ -156,16 +158,55 @@ def score_by_offset(
             diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
             profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
     ylabel = "mean score q·k/√d_k"
-    if SCHEMES[cfg.model.position].acts_on == "scores":  # the softmax sees S plus the bias
-        ylabel += f" + {cfg.model.position} bias"
+    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if SCHEMES[n].acts_on == "scores"]
+    if biased:  # the softmax sees S plus the bias
+        ylabel += f" + {'/'.join(biased)} bias"
     plots.score_by_offset(
         profile,
         path,
         ylabel=ylabel,
-        title=f"{_name(run_dir)}: {cfg.model.position} positions, mean score by offset "
+        title=f"{_name(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
         f"({n} validation windows of {C} tokens)",
     )
     return profile, path
+
+
+@torch.no_grad()
+def bias_by_distance(model: TransformerLM, length: int) -> dict[int, np.ndarray]:
+    """What each layer's position part adds to the scores of a query at position ``length - 1``
+    against the keys at distance ``0 .. length - 1`` behind it: ``{layer: [heads, length]}``, for
+    the layers whose scheme biases the scores (ALiBi's ``-m_h d``); read through the same plan
+    and ``bias`` hook the forward pass uses."""
+    ids = torch.zeros(1, length, dtype=torch.long, device=model.embed.weight.device)
+    plan = model.plan(ids, kernel="math")
+    drawn = {}
+    for i, block in enumerate(model.blocks):
+        bias = block.attn.position.bias(plan)  # (1, H, T, T): the last row is the last query
+        if bias is not None:
+            drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
+    return drawn
+
+
+def draw_bias_by_distance(
+    run_dir: str | Path, out: str | Path | None = None, device: str = "cpu"
+) -> Path | None:
+    """:func:`bias_by_distance` of a run over its trained context, drawn to ``out`` (default
+    ``RUN_DIR/bias_by_distance.png``); None, and nothing drawn, when no layer biases scores."""
+    path = picture_path(out) if out is not None else None
+    run = load_run(run_dir, device=device)
+    C = run.config.model.context_length
+    drawn = bias_by_distance(run.model, C)
+    if not drawn:
+        return None
+    path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
+    return plots.score_by_offset(
+        np.stack(list(drawn.values())),
+        path,
+        ylabel="position bias added to the score",
+        title=f"{_name(run_dir)}: {run.config.model.position_text} bias against distance, query at "
+        f"position {C - 1}",
+        layers=list(drawn),
+    )
 
 
 def draw_sinusoids(d: int, length: int, out: str | Path) -> Path:

@@ -9,6 +9,10 @@ A RoPE model can also be evaluated with another context extension than it was tr
 Lengths are whole numbers of tokens or multiples of the trained context (``2x``). At each one
 the split is read in non-overlapping windows of that length, every token a target once; the
 rows say how many windows that was and when none reaches the length (a split shorter than it).
+
+A run trained on a generated task (``builtin:copy``, ``reverse``, ``addition``) is also asked
+for exact answers at every evaluation length (:func:`task_accuracy`): whether it does the task
+at lengths it never saw, which its loss alone does not say.
 """
 
 from __future__ import annotations
@@ -24,17 +28,22 @@ from typing import Any
 import torch
 
 from lm.batches import eval_batches, eval_windows
-from lm.config import DataConfig, LMError, load_config, parse_rope_scaling
+from lm.config import Config, DataConfig, LMError, load_config, parse_rope_scaling
 from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World, all_reduce_sum
 from lm.model import TransformerLM, loss_sum
 from lm.runs import CONFIG, TOKENIZER, LoadedRun, load_run
+from lm.sample import generate
+from lm.tasks import evaluation_examples, task_of
 
 EVAL_FILE = "eval.json"
 
 
-def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, Any]:
-    """Move a batch to ``device`` and keep only the masks the model needs.
+def model_inputs(
+    batch: dict[str, torch.Tensor], device: torch.device, key_mask: bool = False
+) -> dict[str, Any]:
+    """Move a batch to ``device`` and keep only the masks the model needs (``key_mask``: always
+    keep it, for random positions, whose draw depends on each row's count of real tokens).
 
     The key mask is dropped, so the model takes the fused causal kernel with no mask tensor,
     when it is all True or when every row's padding is on the right and no document mask
@@ -47,7 +56,7 @@ def model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[s
     else:
         moved = {k: v.to(device) for k, v in batch.items()}
     inputs: dict[str, Any] = {"input_ids": moved["input_ids"]}
-    if "segment_ids" in batch or not _right_padded(batch["key_mask"]):
+    if key_mask or "segment_ids" in batch or not _right_padded(batch["key_mask"]):
         inputs["key_mask"] = moved["key_mask"]
     if "segment_ids" in moved:
         inputs["segment_ids"] = moved["segment_ids"]
@@ -155,10 +164,10 @@ def load_evaluated(
     if rope_scaling is None:
         return run
     model = run.config.model
-    if model.position != "rope":
+    if "rope" not in model.layer_positions:
         raise LMError(
             f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position}"
+            f"{model.position_text}"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
@@ -194,11 +203,12 @@ def evaluate_lengths(
             "requested": str(spec),
             "trained_context": trained,
         }
-        if cfg.model.position == "learned" and length > trained:
+        if cfg.model.position == "learned" and length > cfg.model.position_range:
             row.update(
                 loss=None,
                 perplexity=None,
-                note=f"learned positions stop at {trained}: no vector for longer contexts",
+                note=f"learned positions stop at {cfg.model.position_range}: no vector for "
+                "longer contexts",
             )
             rows.append(row)
             continue
@@ -243,9 +253,10 @@ def evaluate_run(
     device: str = "cpu",
     max_batches: int | None = None,
     rope_scaling: str | None = None,
-) -> list[dict[str, Any]]:
+) -> dict[str, Any]:
     """``lm eval``: :func:`evaluate_lengths` of a run's model (with ``rope_scaling`` at
-    evaluation time, if given); the rows are also written to ``eval.json``."""
+    evaluation time, if given), and for a generated task its :func:`task_accuracy`; what
+    ``eval.json`` holds: ``rows`` (losses) and ``accuracy`` (a task's, else None)."""
     run = load_evaluated(run_dir, checkpoint, device, rope_scaling)
     rows = evaluate_lengths(run, run_dir, context_lengths, split, batch_size, device, max_batches)
     result = {
@@ -254,10 +265,11 @@ def evaluate_run(
         "checkpoint": str(run.checkpoint),
         "rope_scaling": run.config.model.rope_scaling,
         "rows": rows,
+        "accuracy": task_accuracy(run, device, batch_size) if is_task(run.config) else None,
     }
     path = eval_path(run_dir, rope_scaling)
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    return rows
+    return result
 
 
 def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
@@ -281,6 +293,58 @@ def setting_line(run_dir: str | Path, rope_scaling: str) -> str:
     if path.name == EVAL_FILE:
         return f"rope_scaling {rope_scaling}: the run as trained ({path})"
     return f"rope_scaling {rope_scaling} at evaluation time, in place of the trained {own} ({path})"
+
+
+def is_task(config: Config) -> bool:
+    """Whether a run trained on a generated task (``builtin:copy`` ...)."""
+    return task_of(config.data.source) is not None
+
+
+@torch.no_grad()
+def task_accuracy(
+    run: LoadedRun, device: str = "cpu", batch_size: int | None = None
+) -> list[dict[str, Any]]:
+    """Exact-match accuracy of a task run at each of ``data.task_eval_lengths``: the answers it
+    gives greedily (``lm.sample.generate``, KV cache) to ``data.task_eval_examples`` prompts per
+    length, each right only if every token and the end of the document are. One row per length:
+    ``length``, ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length)."""
+    data = run.config.data
+    task = task_of(data.source)
+    trained, lengths = data.task_ranges()
+    tok = run.tokenizer
+    size = batch_size or run.config.train.eval_batch()
+    rows = []
+    for length in lengths:
+        pairs = evaluation_examples(task, length, data.task_eval_examples, data.seed)
+        prompts = [tok.encode(p) for p, _ in pairs]
+        answers = [tok.encode(a) for _, a in pairs]
+        correct = 0
+        for i in range(0, len(pairs), size):
+            want = answers[i : i + size]
+            longest = max(map(len, want)) + 1  # the answer, then <eod>
+            got = generate(run.model, prompts[i : i + size], longest, tok.pad_id, tok.eod_id)
+            correct += sum(g == w for g, w in zip(got, want, strict=True))
+        rows.append(
+            {
+                "length": length,
+                "accuracy": correct / len(pairs),
+                "correct": correct,
+                "examples": len(pairs),
+                "trained": length in trained,
+            }
+        )
+    return rows
+
+
+def format_accuracy(rows: list[dict[str, Any]]) -> str:
+    """A task's accuracy rows as a Markdown table; trained lengths marked."""
+    lines = ["| length | exact match | correct | trained length |", "|---:|---:|---:|:---:|"]
+    for r in rows:
+        mark = "yes" if r["trained"] else ""
+        lines.append(
+            f"| {r['length']} | {r['accuracy']:.1%} | {r['correct']}/{r['examples']} | {mark} |"
+        )
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:

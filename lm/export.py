@@ -103,12 +103,12 @@ def built_folder(out: Path, what: str) -> Iterator[Path]:
 def max_positions_for(cfg: ModelConfig, requested: int | None) -> int:
     """The longest sequence the export accepts: a learned table's rows, else at least 2048."""
     if cfg.position == "learned":
-        if requested is not None and requested != cfg.context_length:
+        rows = cfg.position_range  # context_length, or random_positions when trained so
+        if requested is not None and requested != rows:
             raise LMError(
-                f"--max-positions {requested}: a learned position table has exactly "
-                f"context_length={cfg.context_length} rows"
+                f"--max-positions {requested}: a learned position table has exactly {rows} rows"
             )
-        return cfg.context_length
+        return rows
     if requested is None:
         yarn = cfg.rope_method == "yarn" and cfg.rope_factor != 1.0
         reach = cfg.rope_factor * cfg.rope_context

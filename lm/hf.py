@@ -210,6 +210,16 @@ def mpt_slopes(n_head: int) -> torch.Tensor:
 def check_exportable(cfg: ModelConfig) -> None:
     """Refuse, in one line, a model the target architecture would compute differently (RoPE's
     settings: :func:`_check_rope_export`, once the config is known)."""
+    if not isinstance(cfg.position, str):
+        raise CannotExpress(
+            f"model.position: {cfg.position_text} sets a scheme per layer, and cannot be "
+            f"exported: GPT-NeoX, GPT-2 and MPT use one in every layer"
+        )
+    if cfg.position not in TARGETS:
+        raise CannotExpress(
+            f"model.position: {cfg.position} cannot be exported: no transformers architecture "
+            f"computes it (lm exports {', '.join(TARGETS)})"
+        )
     if cfg.position == "alibi":
         if cfg.bias:
             raise CannotExpress(

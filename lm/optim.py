@@ -3,9 +3,9 @@
 AdamW decays matrices only (embeddings included, as GPT-2); vectors (norm gains, biases) are
 not decayed. Muon (Jordan et al. 2024, "Muon: An optimizer for hidden layers") replaces each
 hidden weight matrix's momentum update by the nearest semi-orthogonal matrix; embeddings, the
-head and vectors stay with AdamW. The schedule is a linear warmup, then cosine, linear,
-constant or WSD (warmup, stable, decay: constant until the last ``decay_fraction`` of training,
-then linear to ``min_lr``).
+head, vectors and a position scheme's own parameters stay with AdamW. The schedule is a linear
+warmup, then cosine, linear, constant or WSD (warmup, stable, decay: constant until the last
+``decay_fraction`` of training, then linear to ``min_lr``).
 """
 
 from __future__ import annotations
@@ -55,8 +55,11 @@ def build_optimizer(
 
 
 def _muon(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    # A position scheme's learned table or bias MLP (T5, FIRE) is no hidden layer: AdamW's.
     hidden = {
-        id(p) for name, p in model.named_parameters() if ".blocks." in f".{name}" and p.dim() == 2
+        id(p)
+        for name, p in model.named_parameters()
+        if ".blocks." in f".{name}" and ".position." not in name and p.dim() == 2
     }
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     matrices = [p for _, p in named if id(p) in hidden]

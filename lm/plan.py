@@ -10,15 +10,16 @@ row. With ``model.attention: sdpa`` plain causal attention takes SDPA's mask-fre
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from lm.config import ModelConfig
 from lm.kernels import FLEX_AVAILABLE, causal_mask, flex_backward
-from lm.position import SCHEMES, positions_from_mask, positions_from_segments
+from lm.position import SCHEMES, positions_from_mask, positions_from_segments, random_positions
 
 try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask
@@ -45,7 +46,8 @@ class Plan:
     key_positions: torch.Tensor
     """Each key slot's position ``[Lk]`` or ``[B, Lk]`` (with a KV cache, every slot)."""
     end: int
-    """Slots filled after this pass: every position is below it (known without a device read)."""
+    """Every position is below it (known without a device read): the slots filled after this
+    pass, or ``model.random_positions`` in training with random positions."""
     batch: int
     heads: int
     kernel: str
@@ -59,8 +61,13 @@ class Plan:
     """The scores' dtype, which an additive mask must have."""
     rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     """RoPE's cos and sin at ``positions``, ``[..., Lq, d_k/2]`` each."""
-    bias: Bias | None = None
-    """A position bias the layers share, in the kernel's form."""
+    biases: dict[type, Bias] = field(default_factory=dict)
+    """Position biases that the layers of one scheme share (ALiBi's), in the kernel's form, by
+    the scheme's part class: a hybrid of two such schemes keeps one of each."""
+
+    def sharing(self, kind: type, bias: Bias) -> Plan:
+        """This plan with ``bias`` shared by every layer whose part is a ``kind``."""
+        return dataclasses.replace(self, biases={**self.biases, kind: bias})
 
     def score_bias(self, score: Score) -> Bias:
         """``score`` in the form the kernel takes: a FlexAttention score function, or an
@@ -96,10 +103,17 @@ def build_plan(
     """The plan of a forward pass over ``input_ids [B, T]``: ``key_mask [B, T]`` (True = real
     token), ``segments [B, T]`` (each token's document: attention stays inside it and positions
     restart), ``cache`` a :class:`lm.cache.KVCache` that the new tokens extend; ``kernel``
-    replaces ``config.attention``; ``causal=False`` lets every query read every key."""
+    replaces ``config.attention``; ``causal=False`` lets every query read every key. In
+    training with ``model.random_positions``, positions are drawn at random (lm.position)."""
     T, device = input_ids.shape[1], input_ids.device
     first = cache.length if cache is not None else 0  # the new tokens' first slot
-    if cache is not None:
+    end = first + T
+    if cache is None and training and config.random_positions is not None:
+        end = config.random_positions
+        B = input_ids.shape[0]
+        positions = random_positions(B, T, end, key_mask, segments, device)
+        key_positions = positions
+    elif cache is not None:
         new = key_mask if key_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
         positions = cache.extend(new)  # (B, T), each row counting on from its own real tokens
         key_mask, key_positions = cache.key_mask, cache.key_positions  # (B, capacity) each
@@ -114,13 +128,13 @@ def build_plan(
     # One new query with a cache: the filled slots are exactly what it may read.
     causal = causal and (cache is None or T > 1)
     masked = key_mask is not None or segments is not None
-    biased = SCHEMES[config.position].acts_on == "scores"
+    biased = any(SCHEMES[name].acts_on == "scores" for name in config.layer_positions)
     dropout = config.dropout if training else 0.0
     chosen = _kernel(kernel or config.attention, device, causal, masked or biased, cache, dropout)
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
-    common = dict(positions=positions, key_positions=key_positions, end=first + T, dtype=dtype)
-    common.update(batch=input_ids.shape[0], heads=config.n_head, kernel=chosen)
+    where = dict(positions=positions, key_positions=key_positions, end=end)
+    common = dict(where, batch=input_ids.shape[0], heads=config.n_head, kernel=chosen, dtype=dtype)
     if chosen == "flex":
         return Plan(**common, mask=_block_mask(key_mask, segments, causal, T, device), empty=None)
     if chosen == "causal":

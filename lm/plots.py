@@ -142,6 +142,30 @@ def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
     return fig
 
 
+def accuracy_vs_length(curves: Curves, trained: dict[str, range], path: str | Path) -> Path:
+    """Exact-match accuracy against task length, one line per group (the mean over seeds, the
+    min-max range shaded); the trained lengths shaded grey (each group's, when they differ)."""
+    return _save(accuracy_vs_length_figure(curves, trained), path)
+
+
+def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figure:
+    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    ax = fig.subplots()
+    for lengths in dict.fromkeys(trained.values()):
+        ax.axvspan(lengths[0] - 0.5, lengths[-1] + 0.5, color="grey", alpha=0.15, linewidth=0)
+    for (group, runs), colour in zip(curves.items(), _colours(len(curves)), strict=True):
+        _draw_group(ax, runs, colour, group)
+    ax.set(
+        xlabel="length of the task (symbols or digits); shaded: the trained lengths",
+        ylabel="exact-match accuracy",
+        title="Accuracy against length",
+        ylim=(-0.02, 1.02),
+    )
+    ax.grid(alpha=0.3)
+    _figure_legend(fig, [ax])
+    return fig
+
+
 def token_label(token: str) -> str:
     """A token as an axis label: whitespace made visible, so a space is not a blank tick."""
     return "".join(VISIBLE.get(c, c) for c in token) or "∅"
@@ -235,9 +259,11 @@ def score_by_offset(
     path: str | Path,
     title: str = "",
     ylabel: str = "mean score q·k/√d_k",
+    layers: Sequence[int] | None = None,
 ) -> Path:
-    """Mean attention score against query-key offset ``[layers, heads, offsets]``, one panel per
-    layer and one line per head."""
+    """Mean attention score (or a position bias) against query-key offset ``[layers, heads,
+    offsets]``, one panel per layer (titled by ``layers``, default 0, 1, ...) and one line per
+    head."""
     n_layer, n_head, n_offset = profile.shape
     cols = min(n_layer, 4)
     rows = math.ceil(n_layer / cols)
@@ -250,7 +276,8 @@ def score_by_offset(
             continue
         for h in range(n_head):
             ax.plot(offsets, profile[i, h], label=f"head {h}", linewidth=1.2)
-        ax.set(xlabel="offset: query position - key position", title=f"layer {i}")
+        layer = i if layers is None else layers[i]
+        ax.set(xlabel="offset: query position - key position", title=f"layer {layer}")
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)

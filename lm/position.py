@@ -5,15 +5,28 @@ The notes give two ways a position enters a transformer, "add position features,
 query/key features using their positions"; ALiBi adds a third, a bias on the scores. Each scheme
 is one small part that says where it acts:
 
-- embeddings (``sinusoidal``, ``learned``): ``x_l = E[w_l] + p_l``;
-- queries and keys (``rope``): pair i of ``q_l`` and ``k_l`` rotated by ``l theta_i``;
-- scores (``alibi``): ``S_lj - m_h |l - j|``;
-- nothing (``none``): only the causal mask orders the tokens.
+==================  ==========================  ==============================================
+acts on             scheme                      what it does
+==================  ==========================  ==============================================
+embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
+queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
+scores              ``alibi``                   ``S_lj - m_h |l - j|``
+scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, b learned
+scores              ``kerple``                  ``S_lj - r1_h log(1 + r2_h |l - j|)``, r learned
+scores              ``fire``                    ``S_lj + f_h(psi(l - j) / psi(max(L, l)))``
+nothing             ``none``                    only the causal mask orders the tokens
+==================  ==========================  ==============================================
+
+ALiBi, T5's and KERPLE's biases are functions of the distance ``l - j``; FIRE's (a learned MLP
+``f``) also of the query position, which it divides the distance by. Each names its paper and
+says whether its parameters are shared across layers.
 
 A part overrides only the hooks of its place, and the model and attention call every hook
 without asking which scheme they hold: ``embed`` (the model, once, on ``E[w]``), ``prepare``
-(the model, once per forward pass: what the layers share, such as RoPE's cos and sin), and
-``rotate`` and ``bias`` (each attention layer). A new scheme is a new part in :data:`SCHEMES`.
+(the model, once per forward pass, by the first part of each kind: what the layers share, such as
+RoPE's cos and sin), and ``rotate`` and ``bias`` (each attention layer). A new scheme is a new
+part in :data:`SCHEMES`. Each attention layer builds its own part (``attention_part(config,
+layer)``), so a part knows its layer.
 
 Every scheme counts real tokens only: padding takes no position and each packed document starts
 again at 0 (``positions_from_mask``, ``positions_from_segments``). RoPE can also rotate only the
@@ -25,6 +38,7 @@ formula and source).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -51,7 +65,7 @@ class Scheme(nn.Module):
     acts_on = "nothing"
     """embeddings | queries and keys | scores | nothing."""
 
-    def __init__(self, config: ModelConfig | None = None):
+    def __init__(self, config: ModelConfig | None = None, layer: int | None = None):
         super().__init__()
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
@@ -103,11 +117,11 @@ class Sinusoidal(Scheme):
 
     acts_on = "embeddings"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.d = config.d_model
         self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
-        self.register_buffer("table", sinusoidal_table(config.context_length, self.d), False)
+        self.register_buffer("table", sinusoidal_table(config.position_range, self.d), False)
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
         table = self.table
@@ -123,8 +137,8 @@ class Learned(nn.Embedding, Scheme):
 
     acts_on = "embeddings"
 
-    def __init__(self, config: ModelConfig):
-        nn.Embedding.__init__(self, config.context_length, config.d_model)
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        nn.Embedding.__init__(self, config.position_range, config.d_model)
 
     def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
         if plan.end > self.num_embeddings:  # bounded without reading positions (a GPU stall)
@@ -282,10 +296,10 @@ class Rotary(Scheme):
 
     acts_on = "queries and keys"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.rope = Rope.of(config)
-        cos, sin = self.rope.cos_sin(torch.arange(config.context_length))  # (C, d_k/2) each
+        cos, sin = self.rope.cos_sin(torch.arange(config.position_range))  # (C, d_k/2) each
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -331,7 +345,7 @@ class Alibi(Scheme):
 
     acts_on = "scores"
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
@@ -340,10 +354,175 @@ class Alibi(Scheme):
         return -self.slopes[head] * (query - key).abs()
 
     def prepare(self, plan: Plan) -> Plan:
-        return dataclasses.replace(plan, bias=plan.score_bias(self.score))
+        return plan.sharing(Alibi, plan.score_bias(self.score))
 
     def bias(self, plan: Plan) -> Bias | None:
-        return plan.bias
+        return plan.biases[Alibi]
+
+
+def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's causal ("unidirectional") bucket of the distance ``n = l - j`` from key j back to
+    query l (Raffel et al. 2020, section 2.1; Mesh TensorFlow's ``_relative_position_bucket``
+    with ``bidirectional=False``): the first ``buckets // 2`` buckets hold one distance each,
+    ``0 .. buckets//2 - 1``; the others split ``buckets//2 .. max_distance`` on a logarithmic
+    scale, ``buckets//2 + floor(log(n / (buckets//2)) / log(max_distance / (buckets//2)) *
+    (buckets - buckets//2))``, and every longer distance shares the last bucket. A key after
+    its query (n < 0, hidden by the causal mask) falls in bucket 0."""
+    n = distance.clamp(min=0)
+    exact = buckets // 2
+    scale = (buckets - exact) / math.log(max_distance / exact)
+    # float32, as the reference computes it; clamped to 1 so that log never sees 0 (unused there)
+    far = exact + (torch.log(n.float().clamp(min=1.0) / exact) * scale).long()
+    return torch.where(n < exact, n, far.clamp(max=buckets - 1))
+
+
+class T5Bias(Scheme):
+    """T5's relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer
+    Learning with a Unified Text-to-Text Transformer", section 2.1): head h adds a learned scalar
+    ``b_h[bucket(l - j)]`` to the score of query l and key j, one per bucket of distance
+    (:func:`t5_bucket`, causal buckets: a decoder reads only keys behind it), ``model.t5_buckets``
+    buckets (the paper's 32) up to ``model.t5_max_distance`` (128).
+
+    Shared across layers: the paper shares one table among all layers ("we also share the
+    position embedding parameters across all layers in our model, though within a given layer
+    each attention head uses a different learned position embedding"), and so does lm: the first
+    layer using ``t5`` holds the table ``[heads, buckets]`` (as transformers' T5 does) and builds
+    the bias once per forward pass; the other ``t5`` layers read it from the plan. T5 adds the
+    bias to the unscaled logits ``q·k`` (its initialisation absorbs 1/sqrt(d_k)); lm adds it to
+    ``S = q·k / sqrt(d_k)``, as every score bias here. The table starts as transformers' T5
+    starts it, normal with std ``d_model^-0.5``.
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.buckets, self.max_distance = config.t5_buckets, config.t5_max_distance
+        if layer is None or layer == config.layer_positions.index("t5"):
+            table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
+            self.table = nn.Parameter(table)
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """``b_head[bucket(query - key)]`` (broadcast together)."""
+        return self.table[head, t5_bucket(query - key, self.buckets, self.max_distance)]
+
+    def prepare(self, plan: Plan) -> Plan:
+        return plan.sharing(T5Bias, plan.score_bias(self.score))
+
+    def bias(self, plan: Plan) -> Bias | None:
+        return plan.biases[T5Bias]
+
+
+def positive(r: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
+    """``r`` clamped to at least ``floor`` in value, its gradient passed on as if unclamped: a
+    learned scalar kept positive without editing the parameter inside a forward pass."""
+    return r + (r.clamp(min=floor) - r).detach()
+
+
+def kerple_log(
+    r1: torch.Tensor, r2: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """KERPLE's logarithmic bias ``-r1_h log(1 + r2_h |query - key|)`` (``r1``, ``r2``: ``[H]``,
+    positive)."""
+    return -r1[head] * torch.log1p(r2[head] * (query - key).abs())
+
+
+class Kerple(Scheme):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional
+    Embedding for Length Extrapolation", the "log" kernel): head h adds ``-r1_h log(1 + r2_h
+    |l - j|)`` to the score of query l and key j, with ``r1_h, r2_h > 0`` learned.
+
+    Per layer: each layer has its own ``r1, r2`` (the paper's code builds them in every attention
+    layer), so each layer computes its own bias in ``bias``. The paper's code starts them at
+    ``U(0, 2)`` and ``U(0, 1)`` and, before every forward pass, clamps them in place to at least
+    0.01; lm starts them so and uses ``max(r, 0.01)`` in the formula (the same numbers) with the
+    gradient passed on unclamped (:func:`positive`), leaving the parameters untouched inside a
+    forward pass.
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
+        self.r2 = nn.Parameter(torch.rand(config.n_head))
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
+
+    def bias(self, plan: Plan) -> Bias | None:
+        # r1, r2 made positive once, outside FlexAttention's score function (which computes
+        # scalars only: no tensor of its own)
+        return plan.score_bias(functools.partial(kerple_log, positive(self.r1), positive(self.r2)))
+
+
+def fire_bias(
+    c: torch.Tensor,
+    threshold: torch.Tensor,
+    mlp: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    head: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """FIRE's bias ``f(psi(|i - j|) / psi(max(L, i)))`` of query position i and key position j,
+    with ``psi(x) = log(|c x| + 1)`` and ``f`` the MLP ``mlp = (w1 [W], b1 [W], w2 [H, W], b2
+    [H])``: ``f_h(x) = b2_h + sum_k w2_hk relu(w1_k x + b1_k)``. The MLP is written one hidden
+    unit at a time, so that FlexAttention can run it inside its kernel, one score at a time
+    (it compiles pointwise arithmetic, not a matrix product)."""
+    i, j = query.float(), key.float()
+    psi_d = torch.log((c * (i - j)).abs() + 1)
+    psi_i = torch.log((c * torch.maximum(i, threshold)).abs() + 1) + 1e-6
+    x = psi_d / psi_i  # in [0, 1] for j <= i: progressive interpolation
+    w1, b1, w2, b2 = mlp
+    out = b2[head]
+    for k in range(w1.shape[0]):
+        out = out + w2[head, k] * torch.relu(w1[k] * x + b1[k])
+    return out
+
+
+class Fire(Scheme):
+    """FIRE (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long
+    Context Transformers"): head h adds ``f_h(psi(i - j) / psi(max(L, i)))`` to the score of
+    query position i and key position j, where ``psi(x) = log(c x + 1)`` amplifies short
+    distances, dividing by ``psi`` of the query position maps every distance into [0, 1]
+    whatever the length ("progressive interpolation"), the threshold L keeps short queries from
+    being normalised by a small number, and ``f`` is a small learned MLP (``1 -> W -> H``, ReLU,
+    ``model.fire_width`` W: the paper's 32), one output per head.
+
+    As the paper's reference code: ``c`` is learned (starting at 0.1) and used as ``|c x|``;
+    ``L = |s L0|`` with ``L0 = model.fire_threshold`` (the code's default, 512) and a learned
+    multiplier s (starting at 1); the MLP starts as PyTorch's ``nn.Linear`` layers do; the
+    normaliser has 1e-6 added. Per layer: each layer has its own MLP, c and L and computes its
+    own bias (sharing one FIRE among all layers, as T5 shares its table, would save parameters
+    and compute; lm does not).
+    """
+
+    acts_on = "scores"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        W, H = config.fire_width, config.n_head
+        self.w1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))  # nn.Linear(1, W): fan-in 1
+        self.b1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))
+        bound = 1 / math.sqrt(W)  # nn.Linear(W, H)
+        self.w2 = nn.Parameter(torch.empty(H, W).uniform_(-bound, bound))
+        self.b2 = nn.Parameter(torch.empty(H).uniform_(-bound, bound))
+        self.c = nn.Parameter(torch.tensor([0.1]))
+        self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # s
+        self.threshold_init = float(config.fire_threshold)  # L0
+
+    def formula_arguments(self) -> tuple:
+        """c, L and the MLP as :func:`fire_bias` takes them, computed once per forward pass."""
+        threshold = (self.threshold_scale * self.threshold_init).abs()[0]
+        return self.c[0], threshold, (self.w1, self.b1, self.w2, self.b2)
+
+    def score(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return fire_bias(*self.formula_arguments(), head, query, key)
+
+    def bias(self, plan: Plan) -> Bias | None:
+        return plan.score_bias(functools.partial(fire_bias, *self.formula_arguments()))
 
 
 SCHEMES: dict[str, type[Scheme]] = {
@@ -351,6 +530,9 @@ SCHEMES: dict[str, type[Scheme]] = {
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "alibi": Alibi,
+    "t5": T5Bias,
+    "kerple": Kerple,
+    "fire": Fire,
     "none": Scheme,
 }
 """Every ``model.position``, by name."""
@@ -359,15 +541,18 @@ POSITIONS = tuple(SCHEMES)
 
 
 def embedding_part(config: ModelConfig) -> Scheme:
-    """What the model adds to the token embeddings: the scheme's part if it acts there."""
-    part = SCHEMES[config.position]
+    """What the model adds to the token embeddings: the scheme's part if it acts there (a scheme
+    that does is never chosen per layer, so layer 0's scheme is every layer's)."""
+    part = SCHEMES[config.layer_positions[0]]
     return part(config) if part.acts_on == "embeddings" else Scheme(config)
 
 
-def attention_part(config: ModelConfig) -> Scheme:
-    """What one attention layer does with positions: the scheme's part if it acts there."""
-    part = SCHEMES[config.position]
-    return part(config) if part.acts_on in ("queries and keys", "scores") else Scheme(config)
+def attention_part(config: ModelConfig, layer: int = 0) -> Scheme:
+    """What attention layer ``layer`` does with positions: its scheme's part if it acts there."""
+    part = SCHEMES[config.layer_positions[layer]]
+    if part.acts_on in ("queries and keys", "scores"):
+        return part(config, layer)
+    return Scheme(config, layer)
 
 
 # Where each token sits.
@@ -380,6 +565,33 @@ def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -
     """
     start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
     return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def random_positions(
+    batch: int,
+    length: int,
+    limit: int,
+    key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+    Generalization of Transformers"): every run of tokens that counts its positions from 0 (a
+    row's real tokens, or one document of a packed row) gets, for its n positions, n distinct
+    integers drawn at random from ``[0, limit)`` and sorted, instead of ``0 .. n-1``. So a model
+    trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
+    length]``, drawn from torch's generator (a checkpoint keeps its state).
+
+    lm draws them in training only (``build_plan``); evaluation and sampling read ``0 .. n-1``.
+    The paper's code (google-deepmind/randomized_positional_encodings) draws them at every call,
+    evaluation included, and one draw per batch rather than per sequence."""
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for marks in (key_mask, segments):  # a run ends where padding or the document changes
+        if marks is not None:
+            starts[:, 1:] |= marks[:, 1:] != marks[:, :-1]
+    run = starts.long().cumsum(dim=1) * limit  # (B, T): orders the runs, in row order
+    draw = torch.rand(batch, limit, device=device).argsort(dim=1)[:, :length]  # distinct
+    return (run + draw).sort(dim=1).values - run  # each run's own draws, ascending
 
 
 def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,8 @@ hand) and writes ``report.md`` (a table with one row per compared value, mean ±
 a table of validation loss at each evaluation length; then every run's greedy continuation),
 ``report.json`` (every number, per run) and three pictures drawn by ``lm.plots``: loss against
 step and against wall time, and validation loss against evaluation context length (length
-extrapolation). No model is loaded and nothing is trained here.
+extrapolation). Runs on a generated task add a table and a picture of exact-match accuracy
+against length, the trained lengths marked. No model is loaded and nothing is trained here.
 
 What the runs compare is read from their configs (:func:`lm.config.config_diff`): the key that
 differs between them, other than the seed, names the table's first column. A RoPE run measured
@@ -24,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from lm import plots
-from lm.config import Config, LMError, config_diff, flatten
+from lm.config import Config, LMError, config_diff, flatten, value_text
 
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
+ACCURACY_PICTURE = "accuracy_vs_length.png"
+"""Drawn too when the runs trained on a generated task."""
 # Keys that differ between runs without being what they compare.
 NOT_COMPARED = ("model.vocab_size", "train.seed")
 # Keys that change how a run is watched, saved or placed, not what it learns: the labels leave
@@ -80,6 +83,9 @@ class RunResult:
     rope_scaling: str | None = None
     """The RoPE context extension the evaluation used instead of the trained one (``pi:4``;
     ``none`` removes a trained one); None: evaluated as trained."""
+    accuracy: list[dict[str, Any]] | None = None
+    """A task run's ``lm.evaluate.task_accuracy`` rows, one per length: ``length``,
+    ``accuracy``, ``correct``, ``examples``, ``trained``; None for a run on text."""
 
     @property
     def seed(self) -> int:
@@ -110,6 +116,7 @@ class RunResult:
             "trained_context": self.trained_context,
             "eval_batches": self.eval_batches,
             "rope_scaling": self.rope_scaling,
+            "accuracy": self.accuracy,
         }
 
 
@@ -129,10 +136,11 @@ def labels(configs: list[Config]) -> tuple[str, list[str]]:
     if not varied:  # nothing differs but the seed: one group
         return "run", ["same config"] * len(configs)
     if len(varied) == 1:
-        return varied[0].split(".")[-1], [str(f[varied[0]]) for f in flat]
+        return varied[0].split(".")[-1], [value_text(f[varied[0]]) for f in flat]
     names = [k.split(".")[-1] for k in varied]
     return "runs", [
-        ", ".join(f"{n}={f[k]}" for n, k in zip(names, varied, strict=True)) for f in flat
+        ", ".join(f"{n}={value_text(f[k])}" for n, k in zip(names, varied, strict=True))
+        for f in flat
     ]
 
 
@@ -281,6 +289,65 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     plots.loss_curves(panels["step"], "step", step)
     plots.loss_curves(panels["wall time (s)"], "wall time (s)", time)
     plots.loss_vs_context(extrapolation, trained, context)
+    tasks = {label: runs for label, runs in groups.items() if runs[0].accuracy is not None}
+    if tasks:
+        curves = {
+            label: [
+                ([row["length"] for row in r.accuracy], [row["accuracy"] for row in r.accuracy])
+                for r in runs
+            ]
+            for label, runs in tasks.items()
+        }
+        lengths = {label: _trained_lengths(runs[0]) for label, runs in tasks.items()}
+        plots.accuracy_vs_length(curves, lengths, out_dir / ACCURACY_PICTURE)
+
+
+def _trained_lengths(result: RunResult) -> range:
+    lengths = [row["length"] for row in result.accuracy or [] if row["trained"]]
+    return range(lengths[0], lengths[-1] + 1) if lengths else range(0)
+
+
+def _accuracy_bins(result: RunResult) -> list[tuple[str, list[int]]]:
+    """The accuracy table's columns: the trained lengths, the longer ones in up to four bins of
+    consecutive lengths, and every unseen length together."""
+    rows = result.accuracy or []
+    trained = [r["length"] for r in rows if r["trained"]]
+    unseen = [r["length"] for r in rows if not r["trained"]]
+    below = [n for n in unseen if trained and n < trained[0]]
+    above = [n for n in unseen if n not in below]
+    bins = [(_span(below), below)] if below else []
+    if trained:
+        bins.append((f"{_span(trained)} (trained)", trained))
+    size = -(-len(above) // 4) if above else 0
+    bins += [(_span(above[i : i + size]), above[i : i + size]) for i in range(0, len(above), size)]
+    if unseen and len(bins) > 2:
+        bins.append(("all unseen", unseen))
+    return bins
+
+
+def _span(lengths: list[int]) -> str:
+    return f"{lengths[0]}–{lengths[-1]}" if len(lengths) > 1 else str(lengths[0])
+
+
+def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str]:
+    """Exact-match accuracy, one row per group: each cell the mean over the column's lengths,
+    then mean ± std over seeds."""
+    first = next(r for runs in groups.values() for r in runs if r.accuracy is not None)
+    bins = _accuracy_bins(first)
+    lines = ["| " + " | ".join([header, *(name for name, _ in bins)]) + " |"]
+    lines.append("|---" + "|---:" * len(bins) + "|")
+    for label, runs in groups.items():
+        if runs[0].accuracy is None:
+            continue
+        cells = [_cell(label)]
+        for _, lengths in bins:
+            means = [
+                statistics.mean(row["accuracy"] for row in r.accuracy if row["length"] in lengths)
+                for r in runs
+            ]
+            cells.append(_mean_std(means, ".1%"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def _budget(results: list[RunResult]) -> str:
@@ -345,6 +412,23 @@ def render(
         else ""
     )
     trained = [r for runs in g.trained.values() for r in runs]
+    accuracy = []
+    if any(r.accuracy is not None for r in results):
+        first = next(r for r in results if r.accuracy is not None)
+        examples = first.accuracy[0]["examples"]
+        accuracy = [
+            "## Exact-match accuracy by length",
+            "",
+            f"Each run answers {examples} prompts of the task at every length greedily "
+            "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only if "
+            "every token and the end of the document are right. A cell is the mean accuracy "
+            "over its lengths, mean ± std over seeds; report.json has every length.",
+            "",
+            *_accuracy_table(g.header, g.trained),
+            "",
+            f"![accuracy against length]({ACCURACY_PICTURE})",
+            "",
+        ]
     lines = [
         f"# {_title(g.header, [r.config for r in results])}",
         "",
@@ -365,6 +449,7 @@ def render(
         *(line for note in notes for line in (note, "")),
         *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in PICTURES),
         "",
+        *accuracy,
         f"## Greedy continuations of “{prompt}”",
         "",
         *_unknown_note(results),

@@ -46,6 +46,8 @@ class Stepper:
         self.scaler, self.autocast, self.world, self.device = scaler, autocast, world, device
         self.clip = grad_clip if grad_clip > 0 else float("inf")
         self.params = [p for p in raw_model.parameters() if p.requires_grad]
+        # Random positions are drawn per row from its real tokens: the key mask says which.
+        self.key_mask = raw_model.config.random_positions is not None
 
     def forward_backward(
         self, micro_batches: list[dict[str, torch.Tensor]], n_targets: int
@@ -54,7 +56,7 @@ class Stepper:
         scale = self.world.size / n_targets
         step_loss = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            b = model_inputs(batch, self.device)
+            b = model_inputs(batch, self.device, self.key_mask)
             last = i == len(micro_batches) - 1
             no_sync = self.world.distributed and not last
             with skip_gradient_sync(self.model) if no_sync else contextlib.nullcontext():

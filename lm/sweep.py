@@ -44,14 +44,16 @@ from lm.config import (
     load_config,
     parse_overrides,
     parse_rope_scaling,
+    split_values,
 )
 from lm.data import prepare_data, print_to_stderr
-from lm.evaluate import evaluate_lengths, load_evaluated
+from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
 from lm.jobs import Job, run_jobs, threads_per_job
-from lm.report import PICTURES, RunResult, write_report
+from lm.report import RunResult, write_report
 from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.runtime import resolve_device
 from lm.sample import generate
+from lm.tasks import evaluation_examples, task_of
 from lm.train import train
 
 DEFAULT_OUT = Path("runs/compare")
@@ -74,7 +76,9 @@ class Evaluation:
     """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
     eval_batches: int | None = None
     """Batches per length; None: the whole validation split."""
-    prompt: str = DEFAULT_PROMPT
+    prompt: str | None = None
+    """The prompt each run continues; None: one of the task for a task run, else
+    :data:`DEFAULT_PROMPT`."""
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
 
     def given(self, **flags: Any) -> Evaluation:
@@ -127,7 +131,7 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         )
     key, values = text.split("=", 1)
     key = key.strip()
-    texts = [v.strip() for v in values.split(",") if v.strip()]
+    texts = split_values(values)  # a list value keeps its commas: rope,[rope,none]
     if not texts:
         raise ConfigError(f"--vary {key}: no values given after '='")
     if len(set(texts)) != len(texts):
@@ -174,7 +178,8 @@ def split_varies(
 def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Path:
     if key is None or value is None:  # one config, only its seeds
         return out_dir / f"seed{seed}"
-    safe = value.replace("/", "_")  # a path-like value must not become nested folders
+    # A path-like value must not become nested folders, nor a list a shell pattern ([a,b]).
+    safe = value.replace("/", "_").replace("[", "").replace("]", "").replace(" ", "")
     return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
 
 
@@ -333,7 +338,7 @@ def measure_run(
     place of its own when given. ``lengths`` default to :data:`EXTRAPOLATION`; ``eval_batches``
     bounds each length's evaluation (None: the whole validation split)."""
     cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
-    own = cfg.model.position == "rope" and rope_scaling is not None
+    own = "rope" in cfg.model.layer_positions and rope_scaling is not None
     if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
         rope_scaling = None  # the run's own extension: measured as trained
     run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
@@ -341,8 +346,12 @@ def measure_run(
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
+    # A task's loss is measured at its trained context only: its examples are shorter, and what
+    # it says about longer ones is its accuracy.
+    task = is_task(cfg)
+    default = ["1x"] if task else list(EXTRAPOLATION)
     rows = evaluate_lengths(
-        run, run_dir, lengths or list(EXTRAPOLATION), device=device, max_batches=eval_batches
+        run, run_dir, lengths or default, device=device, max_batches=eval_batches
     )
     tok = run.tokenizer
     prompt_ids = tok.encode(prompt) or [tok.eod_id]
@@ -367,11 +376,22 @@ def measure_run(
         metrics=records,
         prompt_unknown=tok.count_unknown(prompt),
         rope_scaling=rope_scaling,
+        accuracy=task_accuracy(run, device) if task else None,
     )
 
 
-def _check_rope(positions: Iterable[str]) -> None:
-    if "rope" not in set(positions):
+def _task_prompt(run_dir: Path) -> str | None:
+    """For a task run, a prompt of the task at its longest trained length (else None)."""
+    data = load_config(Path(run_dir) / CONFIG).data
+    task = task_of(data.source)
+    if task is None:
+        return None
+    return evaluation_examples(task, data.task_ranges()[0][-1], 1, data.seed)[0][0]
+
+
+def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
+    """``positions``: each run's layer schemes."""
+    if not any("rope" in layers for layers in positions):
         raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
 
 
@@ -391,19 +411,22 @@ def report(
     if not run_dirs:
         raise LMError("compare: no runs to report on")
     e = evaluation
-    positions = {Path(d): load_config(Path(d) / CONFIG).model.position for d in run_dirs}
+    prompt = e.prompt
+    if prompt is None:  # a task run continues a prompt of its task
+        prompt = _task_prompt(run_dirs[0]) or DEFAULT_PROMPT
+    positions = {Path(d): load_config(Path(d) / CONFIG).model.layer_positions for d in run_dirs}
     if e.rope_scalings is not None:
         _check_rope(positions.values())
     results = []
     for run_dir, position in positions.items():
-        variants = e.rope_scalings if e.rope_scalings is not None and position == "rope" else [None]
+        variants = e.rope_scalings if e.rope_scalings is not None and "rope" in position else [None]
         for variant in variants:
             how = "" if variant is None else f" with rope_scaling {variant}"
             log(f"compare: evaluating {run_dir}{how}")
             results.append(
                 measure_run(
                     run_dir,
-                    e.prompt,
+                    prompt,
                     e.max_new_tokens,
                     e.eval_batches,
                     device,
@@ -411,9 +434,9 @@ def report(
                     variant,
                 )
             )
-    markdown = write_report(results, out_dir, e.prompt, e.max_new_tokens)
+    markdown = write_report(results, out_dir, prompt, e.max_new_tokens)
     write_record(Path(out_dir), list(positions), evaluation)
-    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and {len(PICTURES)} pictures")
+    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and its pictures")
     return markdown
 
 
@@ -464,7 +487,7 @@ def compare(
         if rope_scalings is not None:  # refused before any training, not after it
             settings = [[f"{key}={v}"] for v in values or []] if key else [[]]
             configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
-            _check_rope(c.model.position for c in configs)
+            _check_rope(c.model.layer_positions for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         evaluation = Evaluation().given(**flags)
         runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs)

@@ -263,7 +263,7 @@ def _build(run: _Run) -> _Net:
         padded = run.config.data.mode == "padded"
         run.log(
             f"lm: {raw_model.num_parameters() / 1e6:.2f}M parameters, "
-            f"{run.config.model.position} positions, "
+            f"{run.config.model.position_text} positions, "
             f"{device.type} {str(dtype).replace('torch.', '')}, {world.size} process(es), "
             f"{data.train.n_tokens:,} training tokens"
             + (f", {batches.padding_fraction:.1%} padding" if padded else "")

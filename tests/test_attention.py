@@ -127,7 +127,7 @@ def _masks(B, L):
     return key_mask
 
 
-@pytest.mark.parametrize("position", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal):
     torch.manual_seed(1)
@@ -209,10 +209,10 @@ def _documents_and_padding(B: int, L: int) -> dict:
     return {"segments": segments, "key_mask": key_mask}
 
 
-@pytest.mark.parametrize("position", ["none", "rope", "alibi"])
+@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
 def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(position):
-    # FlexAttention gets masks and the ALiBi bias as functions of (batch, head, query, key), not
-    # as tensors; no grad: on CPU PyTorch's flex runs forward only.
+    # FlexAttention gets masks and a score bias (ALiBi's, T5's) as functions of (batch, head,
+    # query, key), not as tensors; no grad: on CPU PyTorch's flex runs forward only.
     torch.manual_seed(2)
     flex, cfg = attention_layer(32, 2, position=position, attention="flex")
     explicit, explicit_cfg = attention_layer(32, 2, position=position, attention="math")

@@ -233,6 +233,23 @@ def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_a_per_layer_position_is_swept_with_a_readable_label_and_folder(tmp_path):
+    from lm.config import load_config
+
+    cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 2, "eval_every": 0})
+    out = tmp_path / "out"
+    vary = "model.position=rope,[rope,none]"  # the list's commas stay inside its brackets
+    args = ["--eval-lengths", "1x", "--eval-batches", "1", "--max-new-tokens", "2", "--quiet"]
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    assert (
+        main(["compare", str(cfg), "--vary", vary, "--set", cache, "--out", str(out), *args]) == 0
+    )
+    hybrid = out / "position=rope,none" / "seed7"  # no shell pattern in the folder's name
+    assert load_config(hybrid / "config.yaml").model.layer_positions == ("rope", "none")
+    assert table_row(out, "[rope, none]")[0] == "[rope, none]"
+    assert table_row(out, "rope")[0] == "rope"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -291,7 +308,7 @@ def test_an_evaluation_only_vary_measures_the_same_runs_without_retraining(sweep
     for label in labels[:4]:
         method = label.partition(" + ")[2] or None
         cells = table_row(out, label, 4)
-        rows = evaluate_run(rope, ["1x", "1.5x", "2x"], rope_scaling=method)
+        rows = evaluate_run(rope, ["1x", "1.5x", "2x"], rope_scaling=method)["rows"]
         assert cells[1:] == [f"{row['loss']:.4f}" for row in rows], label
     assert table_row(out, "learned", 4)[2:] == ["n/a [1]", "n/a [1]"]
     # The training table lists each trained run once.

@@ -1,6 +1,7 @@
 """Config loading: one-line errors naming the key, overrides, every shipped config loads, the
 differences between two configs, and every key listed in the README."""
 
+import dataclasses
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -111,6 +112,72 @@ def test_rope_settings_on_another_scheme_are_refused(position):
         with pytest.raises(ConfigError) as e:
             load_config(None, [f"model.position={position}", setting])
         assert_one_line(e, key, f"position: {position}" if "scaling" in key else position)
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (["model.position=t5", "model.t5_buckets=1"], "model.t5_buckets: must be at least 2"),
+        (["model.position=t5", "model.t5_max_distance=16"], "must be above t5_buckets/2 = 16"),
+        (["model.position=fire", "model.fire_threshold=0"], "model.fire_threshold: must be > 0"),
+        (
+            ["model.random_positions=128"],
+            "model.random_positions: 128 is below model.context_length",
+        ),
+        (
+            ["model.position=none", "model.context_length=8", "model.random_positions=64"],
+            "model.random_positions: position: none reads no positions",
+        ),
+    ],
+)
+def test_a_schemes_own_keys_are_checked_and_read_by_that_scheme_only(settings, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, settings)
+    assert_one_line(e, message)
+    assert load_config(None, ["model.position=t5", "model.t5_max_distance=17"]).model.t5_buckets
+    # One config may hold them for a sweep over model.position: a RoPE model reads none.
+    rope = load_config(None, ["model.fire_threshold=4", "model.t5_buckets=8"]).model
+    model = TransformerLM(dataclasses.replace(rope, vocab_size=10, n_layer=1))
+    assert not [n for n, _ in model.named_parameters() if ".position." in n]
+
+
+def test_position_per_layer_as_a_list_or_a_repeated_pattern(tmp_path):
+    p = write(tmp_path, "model:\n  n_layer: 4\n  position: [rope, rope, rope, none]\n")
+    cfg = load_config(p).model
+    assert cfg.layer_positions == ("rope", "rope", "rope", "none")
+    assert cfg.position_text == "[rope, rope, rope, none]"
+    eight = ["model.n_layer=8", "model.position=[rope,rope,rope,none,...]"]  # NoPE every 4th
+    assert load_config(None, eight).model.layer_positions == ("rope", "rope", "rope", "none") * 2
+    assert load_config(p, ["model.position=alibi"]).model.layer_positions == ("alibi",) * 4
+    # Saved and read back as written.
+    save_config(load_config(None, eight), tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml").model.position == [
+        "rope",
+        "rope",
+        "rope",
+        "none",
+        "...",
+    ]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[rope,none]", "[rope, none] names 2 schemes for n_layer=4 layers"),
+        ("[rope,rope,rope,rope,none]", "names 5 schemes for n_layer=4 layers"),
+        ("[rope,rope,none,...]", "repeats 3 schemes, which does not fill n_layer=4 layers"),
+        ("[rope,...,none,rope]", "... may only end the list"),
+        ("[rope,rope,xpos,none]", "model.position: 'xpos' is not one of rope"),
+        ("[rope,learned,rope,rope]", "learned adds to the embeddings, below every layer at once"),
+        ("[sinusoidal,...]", "sinusoidal adds to the embeddings"),
+        ("[]", "names no scheme"),
+        ("[1,2,3,4]", "model.position: expected a string or a list of names"),
+    ],
+)
+def test_a_bad_per_layer_position_is_one_line(value, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.n_layer=4", f"model.position={value}"])
+    assert_one_line(e, message)
 
 
 def test_rope_settings_read_as_method_factor_pairs_and_context():

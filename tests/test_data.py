@@ -156,9 +156,9 @@ def test_parquet(tmp_path):
 
 
 def test_unknown_builtin_lists_the_builtins():
-    with pytest.raises(DataError) as e:
+    with pytest.raises(ConfigError) as e:  # at load, before any data is read
         prepare(source="builtin:shakespeare")
-    assert_one_line(e, "builtin:shakespeare", "builtin:python-docs")
+    assert_one_line(e, "builtin:shakespeare", "builtin:python-docs", "builtin:copy")
 
 
 def test_hub_id_offline_fails_fast_in_one_line():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -71,7 +71,7 @@ def load_export(out: Path):
     return hf.eval(), info, AutoTokenizer.from_pretrained(out)
 
 
-@pytest.fixture(scope="module", params=POSITIONS)
+@pytest.fixture(scope="module", params=tuple(TARGETS))
 def exported(request, tmp_path_factory, data_cache):
     position = request.param
     root = tmp_path_factory.mktemp(f"export-{position}")
@@ -254,13 +254,27 @@ EVERY_SETTING = {
     ),
     "alibi-bias": case("no biases", position="alibi", bias=True),
     "alibi-d-ff": case("4 x d_model", position="alibi", d_ff=64),
+    # Trained on random positions, the model reads ordinary ones: the export is the same model.
+    "rope-random-positions": case(position="rope", random_positions=256),
+    "learned-random-positions": case(position="learned", context_length=32, random_positions=48),
+    "t5": case(
+        "model.position: t5 cannot be exported", position="t5", t5_buckets=8, t5_max_distance=16
+    ),
+    "kerple": case("model.position: kerple cannot be exported", position="kerple"),
+    "fire": case(
+        "model.position: fire cannot be exported",
+        position="fire",
+        fire_width=8,
+        fire_threshold=64.0,
+    ),
+    "hybrid": case("[rope, none] sets a scheme per layer", position=["rope", "none"]),
 }
 
 
 def test_every_model_key_is_set_away_from_its_default_by_some_case():
     varied = {key for model, _ in EVERY_SETTING.values() for key in model}
     assert {f.name for f in fields(ModelConfig)} - varied == {"vocab_size"}
-    positions = {model["position"] for model, _ in EVERY_SETTING.values()}
+    positions = {m["position"] for m, _ in EVERY_SETTING.values() if isinstance(m["position"], str)}
     assert positions == set(POSITIONS)
 
 
@@ -285,7 +299,14 @@ def test_every_setting_of_every_scheme_exports_exactly_or_is_refused(
     assert largest_difference(run, hf, tok, texts) < 1e-4
     assert main(["import", str(out), "--out", str(back_dir)]) == 0
     back = load_run(back_dir)
-    assert back.config.model == run.config.model
+    expected = run.config.model
+    if expected.random_positions is not None:
+        # A training option: the import is the model that was trained, read at ordinary
+        # positions, with a learned table's rows as its context.
+        rows = expected.position_range if expected.position == "learned" else None
+        expected = replace(expected, random_positions=None)
+        expected = replace(expected, context_length=rows or expected.context_length)
+    assert back.config.model == expected
     ours, theirs = run.model.state_dict(), back.model.state_dict()
     if model["position"] == "sinusoidal":
         # Untied, E is used only as E * sqrt(d), which is what the export holds: that product
@@ -430,6 +451,15 @@ def test_export_refuses_bad_input(tmp_path, capsys):
     refused(capsys, ["export", str(good), "--out", str(out)], "already exists")
     assert main(["export", str(good), "--out", str(out), "--overwrite", "--dtype", "bf16"]) == 0
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_a_scheme_no_architecture_computes_is_refused_naming_it(tmp_path, capsys, monkeypatch):
+    import lm.hf
+
+    run_dir = untrained_run(tmp_path, position="alibi")
+    monkeypatch.setattr(lm.hf, "TARGETS", {k: v for k, v in TARGETS.items() if k != "alibi"})
+    refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], "alibi", "exports")
+    nothing_written(tmp_path, "hf")
 
 
 LLAMA = {

@@ -11,6 +11,11 @@ from lm.config import ModelConfig
 from lm.model import TransformerLM
 from lm.position import POSITIONS, PositionOutOfRange
 
+# Per-layer hybrids of the two layers of tiny(): NoPE above RoPE, and two schemes that each
+# share one bias across their layers in the same model.
+LAYERED = [["rope", "none"], ["t5", "alibi"]]
+EVERY = [*POSITIONS, *LAYERED]
+
 
 def tiny(position="rope", **kw) -> TransformerLM:
     torch.manual_seed(0)
@@ -19,7 +24,7 @@ def tiny(position="rope", **kw) -> TransformerLM:
     return TransformerLM(ModelConfig(**cfg)).eval()
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", EVERY, ids=str)
 def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
     model = tiny(position)
     x = torch.randint(0, 37, (2, 12))
@@ -31,7 +36,7 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", EVERY, ids=str)
 @pytest.mark.parametrize("kernel", ["sdpa", "math"])
 def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel):
     model = tiny(position, attention=kernel)
@@ -39,7 +44,7 @@ def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel
     assert_padding_is_invisible(model, seqs, T=11, pad=0)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", EVERY, ids=str)
 def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position):
     from lm.batches import PaddedCollator
     from lm.evaluate import model_inputs
@@ -68,7 +73,7 @@ def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(positio
     assert "key_mask" in model_inputs(right, torch.device("cpu"))["inputs"]
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", EVERY, ids=str)
 def test_document_segments_equal_separate_documents(position):
     model = tiny(position)
     a, b = torch.randint(1, 37, (5,)), torch.randint(1, 37, (6,))
@@ -78,6 +83,23 @@ def test_document_segments_equal_separate_documents(position):
         packed = model(ids, segment_ids=segments)[0]
         torch.testing.assert_close(packed[:5], model(a[None])[0], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(packed[5:], model(b[None])[0], atol=2e-5, rtol=1e-4)
+
+
+def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
+    from lm.position import Alibi, Rotary, Scheme, T5Bias
+
+    model = tiny(["rope", "none", "t5", "alibi", "t5"], n_layer=5)
+    parts = [type(block.attn.position) for block in model.blocks]
+    assert parts == [Rotary, Scheme, T5Bias, Alibi, T5Bias]
+    assert [n for n, _ in model.named_parameters() if ".position." in n] == [
+        "blocks.2.attn.position.table"  # the first t5 layer holds the one table
+    ]
+    plan = model.plan(torch.zeros(1, 6, dtype=torch.long), kernel="math")
+    alibi, t5 = model.blocks[3].attn.position, model.blocks[2].attn.position
+    for i, own in ((2, t5), (3, alibi), (4, t5)):  # one bias of each scheme, side by side
+        torch.testing.assert_close(model.blocks[i].attn.position.bias(plan), own.bias(plan))
+    assert not torch.equal(alibi.bias(plan), t5.bias(plan))
+    assert model.blocks[0].attn.position.bias(plan) is None and plan.rotation is not None
 
 
 def test_tied_head_gpt2_init_and_parameter_count():
@@ -97,7 +119,7 @@ def test_tied_head_gpt2_init_and_parameter_count():
 def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend():
     with torch.no_grad(), pytest.raises(PositionOutOfRange, match="learned positions"):
         tiny("learned")(torch.randint(0, 37, (1, 20)))
-    for position in ("sinusoidal", "rope", "alibi", "none"):
+    for position in [p for p in POSITIONS if p != "learned"]:
         with torch.no_grad():
             assert torch.isfinite(tiny(position)(torch.randint(0, 37, (1, 40)))).all()
 
@@ -139,7 +161,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
+@pytest.mark.parametrize("position", ["rope", "alibi", ["t5", "kerple", "fire"]], ids=str)
 def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_path(
     position, monkeypatch
 ):
@@ -184,7 +206,7 @@ def test_rope_without_an_extension_is_the_plain_model_bit_for_bit(setting):
 BEFORE = Path(__file__).parent / "golden" / "runs_before_plan"
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none"])
 def test_a_run_saved_before_the_plan_loads_and_gives_its_logits(position):
     # Tiny runs trained by lm at 800e6a4, before the forward pass took its shape of position
     # parts and one plan per pass (state dict names, configs without the newer keys), with the

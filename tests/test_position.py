@@ -1,5 +1,6 @@
 """RoPE and the sinusoid table, as the notes define them."""
 
+import dataclasses
 import math
 
 import pytest
@@ -9,15 +10,20 @@ from _support import attention_layer, self_attend
 from lm.config import ModelConfig
 from lm.position import (
     Alibi,
+    Fire,
+    Kerple,
     Rope,
     Rotary,
+    T5Bias,
     alibi_slopes,
     ntk_base,
     positions_from_mask,
     positions_from_segments,
+    random_positions,
     rope_frequencies,
     rotate_pairs,
     sinusoidal_table,
+    t5_bucket,
     yarn_attention_factor,
     yarn_frequencies,
 )
@@ -101,9 +107,109 @@ def test_alibi_slopes_and_bias():
     assert alibi_slopes(6).shape == (6,)
     cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
     plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
-    b = Alibi(cfg).prepare(plan).bias  # -m_h |l - j|, as the kernel takes it
+    part = Alibi(cfg)
+    b = part.bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
+
+
+def test_t5_buckets_are_exact_then_logarithmic_up_to_the_max_distance():
+    # 32 buckets, max distance 128 (Raffel et al.): distances 0..15 have a bucket each; then
+    # 16 + floor(log(n/16) / log(128/16) * 16): n=20 -> 16 + floor(1.717) = 17, n=32 -> 16 +
+    # floor(16/3) = 21, n=64 -> 16 + floor(32/3) = 26, n=127 -> 16 + floor(15.94) = 31; from
+    # n=128 on, the last bucket. A key after its query (n < 0) falls in bucket 0.
+    n = torch.tensor([0, 1, 15, 16, 20, 32, 64, 127, 128, 1000, -3])
+    assert t5_bucket(n).tolist() == [0, 1, 15, 16, 17, 21, 26, 31, 31, 31, 0]
+    # 8 buckets up to 20: 0..3 exact, then 4 + floor(log(n/4) / log(5) * 4): n=9 -> 6, n=19 -> 7.
+    assert t5_bucket(torch.tensor([3, 4, 9, 19, 20, 50]), 8, 20).tolist() == [3, 4, 6, 7, 7, 7]
+
+
+def test_t5_bias_is_each_heads_learned_scalar_of_the_distance_bucket():
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(d_model=8, n_head=2, position="t5", t5_buckets=8, t5_max_distance=20)
+    part = T5Bias(cfg)
+    with torch.no_grad():  # b_h[bucket] = 100 h + bucket: each entry names where it came from
+        part.table.copy_(100 * torch.arange(2.0)[:, None] + torch.arange(8.0))
+    plan = build_plan(cfg, torch.zeros(1, 30, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
+    assert b[0, 0, 29, 29] == 0 and b[0, 1, 29, 29] == 100  # distance 0
+    assert b[0, 0, 29, 26] == 3 and b[0, 1, 29, 20] == 106 and b[0, 0, 29, 0] == 7  # 3, 9, 29
+    assert torch.isinf(b[0, :, 0, 1]).all()  # a future key stays blocked
+
+
+def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
+    from lm.model import TransformerLM
+
+    cfg = dict(vocab_size=20, context_length=16, n_layer=3, n_head=2, d_model=16)
+    model = TransformerLM(ModelConfig(**cfg, position="t5"))
+    tables = [n for n, _ in model.named_parameters() if "position" in n]
+    assert tables == ["blocks.0.attn.position.table"]  # one table [heads, buckets]
+    assert model.num_parameters() == TransformerLM(ModelConfig(**cfg)).num_parameters() + 2 * 32
+    calls = []
+    real = T5Bias.score
+    monkeypatch.setattr(T5Bias, "score", lambda *a: calls.append(1) or real(*a))
+    model(torch.randint(0, 20, (2, 9))).sum().backward()
+    assert len(calls) == 1  # built once, read by the three layers
+    assert model.blocks[0].attn.position.table.grad.abs().sum() > 0
+
+
+def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
+    from lm.model import TransformerLM
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(vocab_size=20, d_model=8, n_layer=2, n_head=2, position="kerple")
+    part = Kerple(cfg)
+    with torch.no_grad():
+        part.r1.copy_(torch.tensor([1.0, 2.0]))
+        part.r2.copy_(torch.tensor([0.5, 1.0]))
+    plan = build_plan(cfg, torch.zeros(1, 4, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))  # (1, H, 4, 4)
+    # distance 2: head 0 -1 log(1 + 0.5 * 2) = -log 2, head 1 -2 log(1 + 2) = -2 log 3
+    torch.testing.assert_close(b[0, :, 3, 1], torch.tensor([-math.log(2), -2 * math.log(3)]))
+    assert (b[0, :, 2, 2] == 0).all() and torch.isinf(b[0, :, 1, 2]).all()  # d = 0; the future
+    # r1, r2 used at no less than 0.01, the gradient still reaching a parameter below that.
+    with torch.no_grad():
+        part.r2.copy_(torch.tensor([-1.0, 1.0]))
+    b = part.bias(part.prepare(plan))
+    torch.testing.assert_close(b[0, 0, 3, 1], torch.tensor(-math.log(1 + 0.02)))
+    b[0, 0, 3, 1].backward()
+    assert part.r2.grad[0] != 0
+    # Each layer its own r1, r2 (the paper's code has them in every attention layer).
+    model = TransformerLM(cfg)
+    names = [n for n, _ in model.named_parameters() if ".position." in n]
+    assert names == [f"blocks.{i}.attn.position.{r}" for i in (0, 1) for r in ("r1", "r2")]
+
+
+def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(d_model=8, n_head=1, position="fire", fire_width=2, fire_threshold=4.0)
+    part = Fire(cfg)
+    with torch.no_grad():  # f(x) = 0.25 + 2 relu(x) + 3 relu(0.5 - x); psi(x) = log(x + 1)
+        for name, value in (("w1", [1.0, -1.0]), ("b1", [0.0, 0.5]), ("w2", [[2.0, 3.0]])):
+            getattr(part, name).copy_(torch.tensor(value))
+        part.b2.fill_(0.25)
+        part.c.fill_(1.0)
+    plan = build_plan(cfg, torch.zeros(1, 20, dtype=torch.long), kernel="math")
+    b = part.bias(part.prepare(plan))[0, 0]  # (20, 20)
+    # i = 2, j = 0: x = psi(2) / psi(max(L=4, 2)) = log 3 / log 5 -> 0.25 + 2x
+    torch.testing.assert_close(b[2, 0], torch.tensor(0.25 + 2 * math.log(3) / math.log(5)))
+    # distance 0: x = 0 -> 0.25 + 3 * 0.5; the whole context back: x = 1 -> 0.25 + 2, at i = 9
+    # as at i = 19 (progressive interpolation: every length maps into [0, 1])
+    torch.testing.assert_close(b[9, 9], torch.tensor(1.75))
+    torch.testing.assert_close(b[9, 0], torch.tensor(2.25))
+    torch.testing.assert_close(b[19, 0], torch.tensor(2.25))
+    # below the threshold the query position does not normalise: psi(max(4, 3)) = psi(4)
+    x = math.log(2) / math.log(5)  # 0.43: both hidden units fire
+    torch.testing.assert_close(b[3, 2], torch.tensor(0.25 + 2 * x + 3 * (0.5 - x)))
+    assert torch.isinf(b[2, 3])  # the future stays blocked
+    # c and L are learned: the bias has a gradient for both (and for the MLP).
+    b[9, 3].backward()
+    assert part.c.grad.abs() > 0 and part.w1.grad.abs().sum() > 0
+    b = part.bias(part.prepare(plan))[0, 0]
+    b[3, 2].backward()
+    assert part.threshold_scale.grad.abs() > 0
 
 
 def test_positions_count_real_tokens_only_and_restart_at_each_document():
@@ -115,6 +221,52 @@ def test_positions_count_real_tokens_only_and_restart_at_each_document():
     assert positions_from_mask(ones, torch.tensor([3, 5])).tolist() == [[3, 4], [5, 6]]
     segments = torch.tensor([[0, 0, 0, 1, 1, 2], [4, 4, 4, 4, 4, 4]])
     assert positions_from_segments(segments).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
+
+
+def test_random_positions_are_a_sorted_draw_of_distinct_positions_per_sequence_and_document():
+    torch.manual_seed(0)
+    key_mask = torch.tensor(
+        [[False, False, True, True, True, True], [True, True, False] + [False] * 3]
+    )
+    segments = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    tops = []
+    for _ in range(200):
+        p = random_positions(2, 6, 64, key_mask, segments)
+        assert ((p >= 0) & (p < 64)).all()
+        for run in (p[0, 2:3], p[0, 3:6], p[1, :2]):  # a document's real tokens, or a row's
+            assert (run[1:] > run[:-1]).all()  # distinct, ascending
+        tops.append(p[1, 1].item())
+    # Each run draws from all of [0, 64) whatever the row's length: the last of the two real
+    # tokens of row 1 reaches the top of the range, as 2 positions drawn from 64 do.
+    assert max(tops) >= 60 and min(tops) <= 8
+    whole = random_positions(1, 6, 6)  # as many positions as the range: 0..5 exactly
+    assert whole.tolist() == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_random_positions_in_training_only_and_the_trained_model_reads_0_to_l():
+    from lm.model import TransformerLM
+    from lm.plan import build_plan
+
+    cfg = ModelConfig(vocab_size=20, context_length=8, n_layer=2, n_head=2, d_model=16)
+    randomized = ModelConfig(**{**dataclasses.asdict(cfg), "random_positions": 64})
+    ids = torch.zeros(3, 8, dtype=torch.long)
+    torch.manual_seed(1)
+    drawn = build_plan(randomized, ids, training=True)
+    assert drawn.positions.shape == (3, 8) and drawn.end == 64 and drawn.positions.max() > 7
+    assert build_plan(randomized, ids).positions.tolist() == list(range(8))  # not training
+    for position in ("rope", "learned", "alibi"):
+        torch.manual_seed(0)
+        trained = TransformerLM(dataclasses.replace(randomized, position=position)).eval()
+        torch.manual_seed(0)
+        plain = TransformerLM(dataclasses.replace(cfg, position=position)).eval()
+        state = trained.state_dict()
+        if position == "learned":  # its table has a row for each of the 64 positions
+            assert state["pos_embed.weight"].shape == (64, 16)
+            state["pos_embed.weight"] = state["pos_embed.weight"][:8]
+        plain.load_state_dict(state)
+        x = torch.randint(0, 20, (2, 8))
+        with torch.no_grad():
+            torch.testing.assert_close(trained(x), plain(x))  # evaluation: positions 0..7
 
 
 # RoPE past its trained context: PI, NTK-aware, YaRN; partial RoPE.

@@ -224,6 +224,8 @@ def test_labels_name_what_differs_besides_the_seed():
     assert labels(seeds) == ("run", ["same config", "same config"])
     two = tiny_config(model={"position": "alibi"}, train={"lr": 1e-3})
     assert labels([rope, two]) == ("runs", ["position=rope, lr=0.003", "position=alibi, lr=0.001"])
+    hybrid = tiny_config(model={"position": ["rope", "none"]})  # as YAML writes a list inline
+    assert labels([rope, hybrid]) == ("position", ["rope", "[rope, none]"])
 
 
 def test_no_results_is_an_error_and_writes_nothing(tmp_path):
@@ -275,3 +277,43 @@ def test_one_trained_config_evaluated_with_each_extension_is_compared_by_rope_sc
     assert markdown.startswith("# Runs compared by rope_scaling\n")
     assert list(rows(markdown, 4)) == ["rope_scaling", "none", "pi:4"]
     assert numbers["compared"] == "rope_scaling"
+
+
+def test_task_runs_add_accuracy_by_length_in_bins_with_the_trained_lengths_marked(
+    results, tmp_path
+):
+    def accuracy(values: list[float]) -> list[dict]:  # lengths 1-10, trained on 1-4
+        return [
+            {
+                "length": n,
+                "accuracy": a,
+                "correct": round(10 * a),
+                "examples": 10,
+                "trained": n <= 4,
+            }
+            for n, a in zip(range(1, 11), values, strict=True)
+        ]
+
+    rope1 = [1, 1, 1, 1, 0.8, 0.6, 0.4, 0.2, 0, 0]
+    rope2 = [1, 1, 1, 1, 0.6, 0.4, 0.2, 0.0, 0, 0]
+    learned = [1, 1, 1, 0.8, 0, 0, 0, 0, 0, 0]
+    tasks = [
+        dataclasses.replace(r, accuracy=accuracy(v))
+        for r, v in zip(results, [rope1, rope2, learned, learned], strict=True)
+    ]
+    markdown = write_report(tasks, tmp_path, PROMPT, 12)
+    assert "| position | 1–4 (trained) | 5–6 | 7–8 | 9–10 | all unseen |" in markdown
+    table = rows(markdown, 6)
+    # Each cell: the mean over its lengths per run, then mean ± std over the seeds.
+    assert table["rope"] == [
+        ["rope", "100.0%", "60.0% ± 14.1%", "20.0% ± 14.1%", "0.0%", "26.7% ± 9.4%"]
+    ]
+    assert table["learned"] == [["learned", "95.0%", "0.0%", "0.0%", "0.0%", "0.0%"]]
+    assert "![accuracy against length](accuracy_vs_length.png)" in markdown
+    with Image.open(tmp_path / "accuracy_vs_length.png") as image:
+        image.verify()
+    data = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))
+    assert data["runs"][0]["accuracy"] == accuracy(rope1)
+    # Runs on text have no accuracy: no such section, no such picture.
+    plain = write_report(results, tmp_path / "text", PROMPT, 12)
+    assert "accuracy" not in plain and not (tmp_path / "text" / "accuracy_vs_length.png").exists()

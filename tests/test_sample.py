@@ -10,6 +10,7 @@ from _support import tiny_config
 
 from lm.config import ModelConfig
 from lm.model import TransformerLM
+from lm.position import POSITIONS
 from lm.runs import load_run
 from lm.sample import generate
 from lm.train import train
@@ -50,7 +51,7 @@ def test_greedy_is_deterministic_and_cache_equals_recompute(run):
     assert len(tok.decode(a[0])) > 0
 
 
-@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none"])
+@pytest.mark.parametrize("position", [*POSITIONS, ["rope", "none"], ["fire", "t5"]], ids=str)
 def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
     model = random_model(position)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]  # last > context
@@ -65,7 +66,7 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
 def test_kv_cache_logits_equal_full_forward():
     from lm.cache import KVCache
 
-    for position in ("rope", "sinusoidal", "learned", "alibi", "none"):
+    for position in [*POSITIONS, ["rope", "none"], ["alibi", "kerple"]]:
         model = random_model(position)
         ids = torch.randint(1, 30, (2, 10))
         full = model(ids)
@@ -173,7 +174,7 @@ def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(ex
         assert generate(model, prompts, 16, pad_id=0, use_cache=use_cache) == alone
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "kerple", "fire"])
 def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position, monkeypatch):
     # Dynamo traces the step whole (fullgraph: a graph break is an error) and compiles it at most
     # twice over 24 tokens (the first, then one for the growing cache); Inductor is swapped for

@@ -27,7 +27,7 @@ from lm.batches import PaddedCollator
 from lm.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.config import ConfigError, LMError
 from lm.model import TransformerLM, loss_sum
-from lm.optim import lr_at, orthogonalize
+from lm.optim import build_optimizer, lr_at, orthogonalize
 from lm.runtime import compile_model
 from lm.train import train
 
@@ -61,10 +61,16 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         assert (tmp_path / "run" / name).is_file()
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer):
+@pytest.mark.parametrize(
+    ("optimizer", "model"),
+    [("adamw", {}), ("muon", {}), ("adamw", {"random_positions": 96})],
+    ids=["adamw", "muon", "random-positions"],
+)
+def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
+    # Random positions are drawn from torch's generator, whose state the checkpoint keeps.
     cfg = tiny_config(
-        train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12, "optimizer": optimizer}
+        model=model,
+        train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12, "optimizer": optimizer},
     )
     train(cfg, tmp_path / "straight", quiet=True)
     # Crash at step 13 (between checkpoints 8 and 16), then resume from checkpoint 8.
@@ -217,6 +223,16 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     assert result.status == "done"
     lines = [m["train_loss"] for m in metrics(tmp_path / "r") if "train_loss" in m]
     assert lines[-1] < lines[0] - 0.5
+    # Muon takes the blocks' weight matrices; T5's bias table, a lookup table, stays with AdamW.
+    model = TransformerLM(dataclasses.replace(tiny_config().model, vocab_size=40, position="t5"))
+    muon = tiny_config(train={"optimizer": "muon"}).train
+    kinds = {
+        id(p): group["kind"]
+        for group in build_optimizer(model, muon, torch.device("cpu")).param_groups
+        for p in group["params"]
+    }
+    assert kinds[id(model.blocks[0].attn.position.table)] == "adamw"
+    assert kinds[id(model.blocks[0].attn.qkv.weight)] == "muon"
 
 
 def test_compiled_model_matches_eager_loss_and_gradients():

@@ -1,0 +1,205 @@
+"""Generated tasks: their examples, the loss on answers only, exact-match accuracy by length
+(lm eval, lm compare), and their bad settings refused at load."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _support import assert_one_line, expect_error, tiny_config, write_config
+
+import lm.evaluate
+from lm.batches import TrainBatches, eval_batches, trained_targets
+from lm.cli import main
+from lm.config import ConfigError, DataConfig, load_config
+from lm.data import prepare_data
+from lm.runs import load_run
+from lm.tasks import evaluation_examples, parse_lengths, tokens, training_examples
+
+COPY = {
+    "source": "builtin:copy",
+    "mode": "padded",
+    "task_lengths": "1-3",
+    "task_eval_lengths": "1-5",
+}
+
+
+def task_config(root, task="copy", **data):
+    data = {**COPY, "source": f"builtin:{task}", "cache_dir": str(root / "cache"), **data}
+    return tiny_config(data=data, train={"eval_every": 0})
+
+
+def test_examples_say_what_each_task_asks():
+    for prompt, answer in training_examples("copy", range(1, 6), 50, seed=3):
+        assert prompt.endswith("=") and answer == prompt[:-1] and 1 <= len(answer) <= 5
+        assert set(answer) <= set("abcdefghij")
+    for prompt, answer in training_examples("reverse", range(4, 5), 20, seed=3):
+        assert answer == prompt[:-1][::-1] and len(answer) == 4
+    for prompt, answer in training_examples("addition", range(3, 4), 50, seed=3):
+        a, b = prompt[:-1].split("+")
+        assert len(a) == len(b) == 3 and a[0] != "0" and int(answer) == int(a) + int(b)
+    # The longest example of each length fits in tokens(task, length), <eod> included.
+    for task in ("copy", "reverse", "addition"):
+        for length in (1, 4, 9):
+            sizes = [len(p + a) + 1 for p, a in (training_examples(task, [length], 200, 1))]
+            assert max(sizes) <= tokens(task, length)
+    assert tokens("addition", 2) == len("99+99=198") + 1
+    # The same seed, the same examples, whatever else changes; evaluation draws its own.
+    assert training_examples("copy", range(1, 6), 20, 3) == training_examples(
+        "copy", range(1, 6), 20, 3
+    )
+    assert training_examples("copy", range(1, 6), 20, 3) != training_examples(
+        "copy", range(1, 6), 20, 4
+    )
+    assert evaluation_examples("copy", 7, 5, 3) == evaluation_examples("copy", 7, 5, 3)
+    assert {len(a) for _, a in evaluation_examples("copy", 7, 5, 3)} == {7}
+
+
+def test_lengths_read_as_ranges():
+    assert parse_lengths("1-20", "k") == range(1, 21) and parse_lengths(" 8 ", "k") == range(8, 9)
+    for bad in ("20-1", "0-3", "a-b", "1-", ""):
+        with pytest.raises(ValueError, match="k: "):
+            parse_lengths(bad, "k")
+
+
+FITS = ["data.task_lengths=1-3", "data.task_eval_lengths=1-5"]
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (["data.source=builtin:sorting"], "data.source: unknown builtin 'builtin:sorting'"),
+        (["data.task_lengths=1-5"], "data.task_lengths: applies to the builtin tasks"),
+        (["data.source=builtin:copy", *FITS, "data.task_lengths=5-1"], "'5-1' must go from"),
+        (
+            ["data.source=builtin:copy", *FITS, "data.task_eval_lengths=1-20"],
+            "data.task_eval_lengths: copy at length 20 makes examples of 42 tokens with <eod>, "
+            "more than model.context_length=32 + 1",
+        ),
+        (
+            ["data.source=builtin:addition", *FITS, "data.task_lengths=1-10"],
+            "data.task_lengths: addition at length 10 makes examples of 34 tokens",
+        ),
+        (["data.source=builtin:copy", *FITS, "data.task_examples=1"], "at least 2"),
+    ],
+)
+def test_bad_task_settings_are_one_line_before_any_data_is_prepared(
+    settings, message, tmp_path, capsys
+):
+    config = write_config(tmp_path / "c.yaml", data={"cache_dir": str(tmp_path / "cache")})
+    with pytest.raises(ConfigError) as e:
+        load_config(config, settings)
+    assert_one_line(e, message)
+    argv = ["train", str(config), "--out", str(tmp_path / "run"), "--set", *settings]
+    expect_error(capsys, argv, message)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_the_loss_is_on_the_answers_and_their_end_only(tmp_path):
+    cfg = task_config(tmp_path, task_examples=40)
+    data = prepare_data(cfg.data, log=None)
+    tok = data.tokenizer
+    a, b = data.train.offsets[:2]
+    first = tok.decode(data.train.tokens[a:b].tolist()).removesuffix("<eod>")
+    assert data.train.answers[0] == first.index("=") + 1  # the answer starts after "="
+    for mode in ("padded", "packed"):
+        batches = TrainBatches(
+            data.train, DataConfig(**{**cfg.data.__dict__, "mode": mode}), 12, 8, 1, tok.pad_id, 1
+        )
+        (batch,), n_targets = batches.step(0)
+        assert n_targets == int(batch["loss_mask"].sum())  # normalised by the answers' count
+        for targets, counted in zip(batch["targets"], batch["loss_mask"], strict=True):
+            trained = tok.decode(targets[counted].tolist())
+            # Each answer's characters and its <eod>, never a prompt's: copy answers hold no "=".
+            assert ("=" not in trained and trained.endswith("<eod>")) or mode == "packed"
+            assert "=" not in trained
+        if mode == "padded":
+            for ids, targets, counted in zip(
+                batch["input_ids"], batch["targets"], batch["loss_mask"], strict=True
+            ):
+                prompt = tok.decode(ids[: int(batch["key_mask"][0].sum())].tolist()).split("=")[0]
+                assert tok.decode(targets[counted].tolist()).startswith(prompt[:1])
+    (val,) = list(eval_batches(data.val, cfg.data, 12, 100, tok.pad_id))
+    assert 0 < int(val["loss_mask"].sum()) < int(val["key_mask"].sum())
+    answers = trained_targets(data.val, data.val.offsets[:-1], np.diff(data.val.offsets))
+    assert int(answers.sum()) == int(val["loss_mask"].sum())
+
+
+def test_accuracy_counts_an_answer_only_when_every_token_and_its_end_are_right(
+    tmp_path, monkeypatch
+):
+    cfg = task_config(tmp_path, task_eval_lengths="2-4", task_eval_examples=6)
+    cfg = cfg.replace(train=cfg.train.__class__(**{**cfg.train.__dict__, "max_steps": 1}))
+    from lm.train import train
+
+    train(cfg, tmp_path / "run", quiet=True)
+    run = load_run(tmp_path / "run")
+    tok = run.tokenizer
+    answers = {}
+
+    def oracle(model, prompts, max_new_tokens, pad_id, eod_id):
+        out = []
+        for p in prompts:
+            answer = tok.encode(answers[tuple(p)])
+            out.append(answer if len(answer) != 3 else answer[:-1])  # wrong at length 3
+        assert max_new_tokens == max(len(tok.encode(answers[tuple(p)])) for p in prompts) + 1
+        return out
+
+    for length in range(2, 5):
+        for p, a in evaluation_examples("copy", length, 6, cfg.data.seed):
+            answers[tuple(tok.encode(p))] = a
+    monkeypatch.setattr(lm.evaluate, "generate", oracle)
+    rows = lm.evaluate.task_accuracy(run)
+    assert [(r["length"], r["accuracy"], r["trained"]) for r in rows] == [
+        (2, 1.0, True),
+        (3, 0.0, True),
+        (4, 1.0, False),
+    ]
+
+
+def test_a_tiny_model_learns_to_copy_and_lm_eval_reports_accuracy_by_length(tmp_path, capsys):
+    config = write_config(
+        tmp_path / "copy.yaml",
+        model={"d_model": 64, "n_head": 4},
+        data={**COPY, "task_examples": 4000, "task_eval_examples": 20},
+        train={"max_steps": 400, "batch_size": 32, "eval_every": 0, "checkpoint_every": 400},
+    )
+    out, cache = str(tmp_path / "run"), f"data.cache_dir={tmp_path / 'cache'}"
+    assert main(["train", str(config), "--out", out, "--quiet", "--set", cache]) == 0
+    capsys.readouterr()
+    assert main(["eval", out]) == 0
+    printed = capsys.readouterr().out
+    assert "Exact-match accuracy of the answers, by length" in printed
+    rows = json.loads((tmp_path / "run" / "eval.json").read_text())["accuracy"]
+    assert [r["length"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["trained"] for r in rows] == [True, True, True, False, False]
+    trained = [r["accuracy"] for r in rows if r["trained"]]
+    assert sum(trained) / 3 >= 0.8, rows  # learned where it was trained (0.95 when written)
+    assert f"| 1 | {rows[0]['accuracy']:.1%} | {rows[0]['correct']}/20 | yes |" in printed
+
+
+def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
+    config = write_config(
+        tmp_path / "copy.yaml",
+        data={**COPY, "task_examples": 200, "task_eval_examples": 5},
+        train={"max_steps": 4, "eval_every": 0, "checkpoint_every": 4},
+    )
+    out = tmp_path / "sweep"
+    argv = ["compare", str(config), "--vary", "model.position=rope,none", "--seeds", "1,2"]
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    assert main([*argv, "--set", cache, "--out", str(out), "--max-new-tokens", "4", "--quiet"]) == 0
+    markdown = (out / "report.md").read_text()
+    assert "## Exact-match accuracy by length" in markdown
+    assert "| position | 1–3 (trained) | 4 | 5 | all unseen |" in markdown
+    section = markdown.split("## Exact-match accuracy by length")[1]
+    for scheme in ("rope", "none"):
+        row = next(line for line in section.splitlines() if line.startswith(f"| {scheme} | "))
+        cells = row.strip().strip("|").split(" | ")
+        assert len(cells) == 5 and all(cell.strip().endswith("%") for cell in cells[1:]), row
+    assert (out / "accuracy_vs_length.png").is_file()
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    assert len(runs) == 4 and all(len(r["accuracy"]) == 5 for r in runs)
+    assert [row["context_length"] for row in runs[0]["extrapolation"]] == [32]  # 1x only
+    # The continuations start from a prompt of the task, not from a text it never saw.
+    assert runs[0]["continuation"] is not None and "=" in markdown.split("Greedy continuations")[1]
