@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
 import glob
 import hashlib
@@ -32,20 +33,23 @@ import platform
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import datasets
 import numpy as np
-import pyarrow.compute as pc
 
 from lm.config import BUILTIN_TOKENIZERS, DataConfig, DataError
 from lm.tasks import TASKS, task_of, training_examples
 from lm.tokenizer import TextTokenizer, train_tokenizer
+
+if TYPE_CHECKING:
+    # Imported where documents are read or tokenized: a run whose token ids are cached never
+    # loads datasets and pyarrow (about a second of every start-up).
+    import datasets
 
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
@@ -98,14 +102,21 @@ def prepare_data(
     ``cfg.tokenizer``. The source is read only when the cache misses. ``log=None`` is silent:
     no notes and no progress bars.
     """
-    # datasets' own progress bars and notices would interleave with lm's lines (which say
-    # what is being read and cached): off while lm calls it, restored after.
+    return _prepare_data(cfg, tokenizer_path, log or _silent)
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """datasets' own progress bars and notices would interleave with lm's lines (which say what
+    is being read and cached): off while lm calls it, restored after."""
+    import datasets
+
     was_enabled = datasets.is_progress_bar_enabled()
     verbosity = datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     try:
-        return _prepare_data(cfg, tokenizer_path, log or _silent)
+        yield
     finally:
         datasets.logging.set_verbosity(verbosity)
         if was_enabled:
@@ -149,8 +160,9 @@ def _prepare_data(
     @functools.cache
     def splits() -> tuple[datasets.Dataset, datasets.Dataset, int]:
         log(f"data: reading {cfg.source}")
-        train, own_val, n_chars = _load_documents(cfg, source, root / "hf")
-        train, val, how = _split(cfg, train, own_val)
+        with _quiet_datasets():
+            train, own_val, n_chars = _load_documents(cfg, source, root / "hf")
+            train, val, how = _split(cfg, train, own_val)
         log(f"data: {len(train)} training and {len(val)} validation documents ({how})")
         return train, val, n_chars
 
@@ -164,7 +176,8 @@ def _prepare_data(
         num_proc = cfg.num_proc or (
             1 if n_chars < SMALL_CORPUS_CHARS else min(8, os.cpu_count() or 1)
         )
-        _write_cache(folder, {"train": train, "val": val}, tokenizer, num_proc, corpus_key, log)
+        with _quiet_datasets():
+            _write_cache(folder, {"train": train, "val": val}, tokenizer, num_proc, corpus_key, log)
     dtype = np.dtype(json.loads((folder / "meta.json").read_text(encoding="utf-8"))["dtype"])
     train, val = (_read_split(folder, name, dtype) for name in ("train", "val"))
     data = PreparedData(tokenizer, train, val, folder)
@@ -264,6 +277,8 @@ def _load_documents(
 ) -> tuple[datasets.Dataset, datasets.Dataset | None, int]:
     """The training documents, the source's own validation documents (or None), and the
     number of characters in both; each dataset has a single ``text`` column."""
+    import datasets
+
     if source.kind == "task":
         task = task_of(cfg.source)
         pairs = training_examples(task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed)
@@ -308,6 +323,8 @@ def _load_files(cfg: DataConfig, files: tuple[Path, ...], hf_cache: Path) -> dat
 
 
 def _load(loader: str, files: Sequence[Path], hf_cache: Path, options: dict) -> datasets.Dataset:
+    import datasets
+
     return datasets.load_dataset(
         loader,
         data_files=[str(f) for f in files],
@@ -318,6 +335,8 @@ def _load(loader: str, files: Sequence[Path], hf_cache: Path, options: dict) -> 
 
 
 def _read_error(error: Exception, files: Sequence[Path], loader: str, source: str) -> DataError:
+    import datasets
+
     causes = []
     while error is not None:
         causes.append(error)
@@ -351,6 +370,8 @@ def _utf8_error(file: Path) -> str | None:
 
 def _missing_field(files: Sequence[Path], loader: str, hf_cache: Path, field: str) -> DataError:
     """Name the file and record that lack ``field`` (an error path: reading each file is fine)."""
+    import pyarrow.compute as pc
+
     for file in files:
         column = _load(loader, [file], hf_cache, {}).data.column(field)
         if column.null_count:
@@ -361,6 +382,8 @@ def _missing_field(files: Sequence[Path], loader: str, hf_cache: Path, field: st
 
 def _load_hub(cfg: DataConfig, hf_cache: Path) -> tuple[Any, Any]:
     """The Hub dataset's training split and its own validation split (or None)."""
+    import datasets
+
     offline = datasets.config.HF_HUB_OFFLINE
     if not offline:
         reason = _hub_unreachable()
@@ -404,6 +427,8 @@ def _hub_unreachable() -> str | None:
     """Why the Hub cannot be reached, or None. huggingface_hub retries a failed connection for
     about half a minute; one quick connect tells us at once. Behind a proxy only the proxy
     knows, so that case is left to huggingface_hub."""
+    import datasets
+
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return None
     url = urlsplit(datasets.config.HF_ENDPOINT)
@@ -417,6 +442,8 @@ def _hub_unreachable() -> str | None:
 
 def _take(stream: Any, field: str, limit: int | None) -> datasets.Dataset | None:
     """The first ``limit`` records (all, when None) of a streamed split, held in memory."""
+    import datasets
+
     if stream is None:
         return None
     return datasets.Dataset.from_dict({field: [r.get(field) for r in islice(stream, limit)]})
@@ -427,6 +454,8 @@ def _clean(
 ) -> tuple[datasets.Dataset, int]:
     """Only ``field``, renamed ``text``, without empty documents, at most ``max_documents``;
     and the number of characters kept."""
+    import pyarrow.compute as pc
+
     if field not in docs.column_names:
         raise DataError(
             f"{where}: no {field!r} field (fields: {', '.join(docs.column_names)}); "
@@ -458,6 +487,8 @@ def _split(
     cfg: DataConfig, docs: datasets.Dataset, own_val: datasets.Dataset | None
 ) -> tuple[datasets.Dataset, datasets.Dataset, str]:
     """(train, val, a few words saying how val was chosen); never overlapping, never empty."""
+    import datasets
+
     if own_val is not None:
         return docs, own_val, "the source's own validation split"
     f = cfg.val_fraction
@@ -595,6 +626,8 @@ def _tokenize(
 
 
 def _write_split(ids: datasets.Dataset, folder: Path, name: str, dtype: type) -> dict[str, int]:
+    import pyarrow.compute as pc
+
     column = ids.data.column("ids")  # a fresh map output: no index mapping to honour
     offsets = np.zeros(len(column) + 1, np.int64)
     np.cumsum(pc.list_value_length(column).to_numpy(), out=offsets[1:])

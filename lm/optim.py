@@ -78,15 +78,16 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.fl
     iteration whose coefficients push every singular value towards 1 in a few steps (Jordan et
     al.); the iteration tolerates bf16, which is faster where the hardware has it."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    x = g.to(dtype)
+    x = g.to(dtype).reshape(-1, *g.shape[-2:])  # [batch, m, n]
     wide = x.shape[-2] <= x.shape[-1]
     if not wide:
         x = x.mT  # iterate on the smaller Gram matrix
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)  # singular values <= 1: the basin
     for _ in range(steps):
         gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x if wide else x.mT).to(g.dtype)
+        # x <- a x + (b gram + c gram^2) x, each scaled sum fused into its matmul's output
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return (x if wide else x.mT).to(g.dtype).reshape(g.shape)
 
 
 def _fast_bf16(device: torch.device) -> bool:
@@ -113,46 +114,72 @@ class Muon(torch.optim.Optimizer):
         skip = None if found_inf is None else found_inf.bool()
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             if group["kind"] == "muon":
                 self._muon_updates(params, group, skip)
             else:
-                for p in params:
-                    self._adamw_update(p, self.state[p], group, skip)
+                self._adamw_updates(params, group, skip)
 
     def _muon_updates(self, params: list[torch.Tensor], group: dict, skip) -> None:
-        momentum = group["momentum"]
-        by_shape: dict[torch.Size, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # Each tensor op runs once per list (torch._foreach_*), not once per matrix.
+        momentum, lr, decay = group["momentum"], group["lr"], group["weight_decay"]
+        grads = [p.grad for p in params]
         for p in params:
-            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-            _assign(buf, buf.mul(momentum).add_(p.grad), skip)
-            nesterov = p.grad.add(buf, alpha=momentum)
-            by_shape.setdefault(p.shape, []).append((p, nesterov))
-        for shape, items in by_shape.items():
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        new_bufs = torch._foreach_mul(bufs, momentum)
+        torch._foreach_add_(new_bufs, grads)
+        _assign_all(bufs, new_bufs, skip)
+        nesterov = torch._foreach_add(grads, bufs, alpha=momentum)
+        by_shape: dict[torch.Size, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(p.shape, []).append(i)
+        for shape, at in by_shape.items():
             # One batched iteration per shape: every layer's matrices of that shape at once.
-            dtype = torch.bfloat16 if _fast_bf16(items[0][0].device) else torch.float32
-            updates = orthogonalize(torch.stack([u for _, u in items]), dtype=dtype)
+            mine = [params[i] for i in at]
+            dtype = torch.bfloat16 if _fast_bf16(mine[0].device) else torch.float32
+            updates = orthogonalize(torch.stack([nesterov[i] for i in at]), dtype=dtype)
             scale = max(1.0, shape[0] / shape[1]) ** 0.5  # same RMS whatever the aspect ratio
-            for (p, _), update in zip(items, updates, strict=True):
-                new = p.mul(1 - group["lr"] * group["weight_decay"]) if group["weight_decay"] else p
-                _assign(p, new.add(update, alpha=-group["lr"] * scale), skip)
+            new = torch._foreach_mul(mine, 1 - lr * decay) if decay else mine
+            new = torch._foreach_add(new, list(updates.unbind(0)), alpha=-lr * scale)
+            _assign_all(mine, new, skip)
 
-    @staticmethod
-    def _adamw_update(p: torch.Tensor, state: dict, group: dict, skip) -> None:
-        if not state:
-            state["step"] = torch.zeros((), dtype=_step_dtype(p.device), device=p.device)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
+    def _adamw_updates(self, params: list[torch.Tensor], group: dict, skip) -> None:
+        states = [self.state[p] for p in params]
+        for p, state in zip(params, states, strict=True):
+            if not state:
+                state["step"] = torch.zeros((), dtype=_step_dtype(p.device), device=p.device)
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            elif state["step"].device != p.device or state["step"].dtype != _step_dtype(p.device):
+                # as a checkpoint loads it: torch keeps a step count on the CPU
+                state["step"] = state["step"].to(p.device, _step_dtype(p.device))
         beta1, beta2 = group["betas"]
-        step = state["step"].to(p.device, _step_dtype(p.device), non_blocking=True) + 1  # 0-d
-        exp_avg = state["exp_avg"].lerp(p.grad, 1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-        denom = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(group["eps"])
-        new = p.mul(1 - group["lr"] * group["weight_decay"]) if group["weight_decay"] else p
-        new = new.addcdiv(exp_avg * (-group["lr"] / (1 - beta1**step)), denom)
-        for name, value in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-            _assign(state[name], value, skip)
-        state["step"] = step if skip is None else torch.where(skip, step - 1, step)
-        _assign(p, new, skip)
+        lr, decay = group["lr"], group["weight_decay"]
+        grads = [p.grad for p in params]
+        steps = torch._foreach_add([s["step"] for s in states], 1)  # 0-d each
+        exp_avgs = torch._foreach_lerp([s["exp_avg"] for s in states], grads, 1 - beta1)
+        exp_avg_sqs = torch._foreach_mul([s["exp_avg_sq"] for s in states], beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        corrections = []  # 1 - beta ** step, for each beta
+        for beta in (beta1, beta2):
+            correction = torch._foreach_pow(beta, steps)
+            torch._foreach_neg_(correction)
+            torch._foreach_add_(correction, 1)
+            corrections.append(correction)
+        denoms = torch._foreach_div(exp_avg_sqs, corrections[1])
+        torch._foreach_sqrt_(denoms)
+        torch._foreach_add_(denoms, group["eps"])
+        moves = torch._foreach_div(exp_avgs, corrections[0])
+        torch._foreach_mul_(moves, -lr)
+        new = torch._foreach_mul(params, 1 - lr * decay) if decay else params
+        new = torch._foreach_addcdiv(new, moves, denoms)
+        _assign_all([s["exp_avg"] for s in states], exp_avgs, skip)
+        _assign_all([s["exp_avg_sq"] for s in states], exp_avg_sqs, skip)
+        _assign_all([s["step"] for s in states], steps, skip)
+        _assign_all(params, new, skip)
 
 
 def _step_dtype(device: torch.device) -> torch.dtype:
@@ -161,9 +188,16 @@ def _step_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _assign(target: torch.Tensor, value: torch.Tensor, skip: torch.Tensor | None) -> None:
-    """``target`` becomes ``value``, or stays itself where the device flag ``skip`` is set."""
-    target.copy_(value if skip is None else torch.where(skip, target, value))
+def _assign_all(
+    targets: list[torch.Tensor], values: list[torch.Tensor], skip: torch.Tensor | None
+) -> None:
+    """Each ``target`` becomes its ``value``, or stays itself where the device flag ``skip`` is
+    set (decided on the device: the host never reads it)."""
+    if skip is None:
+        torch._foreach_copy_(targets, values)
+        return
+    for target, value in zip(targets, values, strict=True):
+        torch.where(skip, target, value, out=target)
 
 
 def step_unless_nonfinite(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:

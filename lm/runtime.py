@@ -106,13 +106,35 @@ def compile_model(
     return torch.compile(model, fullgraph=fullgraph, options={"cpp_wrapper": True})
 
 
-# On an AVX-512-BF16/AMX CPU bf16 autocast loses to fp32 at width 128 and wins from width 384 on
-# (the README's bench table, scripts/bench.py).
-CPU_BF16_MIN_WIDTH = 384
+def cpu_bf16_kind() -> str:
+    """How this CPU multiplies bf16: ``amx`` (Intel's matrix tiles, Sapphire Rapids on),
+    ``avx512_bf16`` (dot-product instructions without AMX, AMD Zen 4 for one), or ``none``
+    (emulated: never faster than fp32)."""
+    if getattr(torch.cpu, "_is_amx_tile_supported", bool)():
+        return "amx"
+    if getattr(torch.cpu, "_is_avx512_bf16_supported", bool)():
+        return "avx512_bf16"
+    return "none"
+
+
+# The narrowest model width from which bf16 autocast trains faster than fp32 on a CPU, by its
+# bf16 kind and the attention kernel (``flex`` trains with sdpa's kernel on a CPU): measured with
+# scripts/dtype_speed.py (README "Performance"). Without AMX, PyTorch's fused attention runs its
+# bf16 backward pass several times slower than its fp32 one, which the faster bf16 matmuls repay
+# only from width 256; the notes' explicit attention is all matmuls and pays at every width
+# measured. With AMX the figure is an earlier sitting's, with sdpa.
+CPU_BF16_MIN_WIDTH = {
+    ("avx512_bf16", "sdpa"): 256,
+    ("avx512_bf16", "math"): 64,
+    ("amx", "sdpa"): 384,
+    ("amx", "math"): 384,
+}
 
 
 def resolve_dtype(name: str, device: torch.device, model: ModelConfig) -> torch.dtype:
-    """The autocast dtype (float32 = no autocast)."""
+    """The autocast dtype (float32 = no autocast). ``auto``: on CUDA bf16 where supported, else
+    fp16; on a CPU bf16 from the width where it was measured faster (``CPU_BF16_MIN_WIDTH``),
+    else fp32; fp32 elsewhere."""
     if name == "fp32":
         return torch.float32
     if name == "bf16":
@@ -122,8 +144,9 @@ def resolve_dtype(name: str, device: torch.device, model: ModelConfig) -> torch.
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type == "cpu":
-        fast_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        if fast_bf16 and model.d_model >= CPU_BF16_MIN_WIDTH:
+        kernel = "math" if model.attention == "math" else "sdpa"
+        min_width = CPU_BF16_MIN_WIDTH.get((cpu_bf16_kind(), kernel))
+        if min_width is not None and model.d_model >= min_width:
             return torch.bfloat16
     return torch.float32
 
