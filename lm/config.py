@@ -45,9 +45,12 @@ ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 
 
 def value_text(value: Any) -> str:
-    """A config value as YAML writes it inline: lists as ``[a, b, ...]``, the rest as text."""
+    """A config value as YAML writes it inline: lists as ``[a, b, ...]``, None as ``null``,
+    booleans as ``true``/``false``, the rest as text."""
     if isinstance(value, list):
-        return "[" + ", ".join(map(str, value)) + "]"
+        return "[" + ", ".join(map(value_text, value)) + "]"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     return str(value)
 
 

@@ -39,8 +39,10 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _colours(n: int) -> list:
-    cmap = matplotlib.colormaps["tab10"]
-    return [cmap(i % 10) for i in range(n)]
+    """One colour per group: tab10's ten, then tab20's lighter halves, so that up to twenty
+    groups (a sweep of ten values, twice over) are told apart."""
+    tab10, tab20 = matplotlib.colormaps["tab10"], matplotlib.colormaps["tab20"]
+    return [tab10(i) if i < 10 else tab20((2 * i + 1) % 20) for i in range(n)]
 
 
 def _draw_group(ax: Axes, runs: list[Run], colour, label: str) -> None:

@@ -206,3 +206,9 @@ def test_drawing_prints_no_warning(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_up_to_twenty_groups_get_twenty_colours():
+    from lm.plots import _colours
+
+    assert len(set(_colours(20))) == 20

@@ -226,6 +226,12 @@ def test_labels_name_what_differs_besides_the_seed():
     assert labels([rope, two]) == ("runs", ["position=rope, lr=0.003", "position=alibi, lr=0.001"])
     hybrid = tiny_config(model={"position": ["rope", "none"]})  # as YAML writes a list inline
     assert labels([rope, hybrid]) == ("position", ["rope", "[rope, none]"])
+    # None and booleans as YAML writes them, as a user would type them to --vary.
+    randomized = tiny_config(model={"random_positions": 128})
+    assert labels([rope, randomized]) == ("random_positions", ["null", "128"])
+    unscaled = tiny_config(model={"position": "sinusoidal", "scale_embeddings": False})
+    scaled = tiny_config(model={"position": "sinusoidal"})
+    assert labels([scaled, unscaled]) == ("scale_embeddings", ["true", "false"])
 
 
 def test_no_results_is_an_error_and_writes_nothing(tmp_path):
