@@ -8,6 +8,11 @@
     python scripts/bench.py --no-train --decode --compile  # and its one-token step compiled
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
+    python scripts/bench.py --shapes main --dtypes fp32 --positions learned,rope --steps 200
+
+``--positions`` replaces each shape's position scheme, one row per scheme. The schemes of a shape
+train side by side, a step of each in turn, and each one's tokens/s over the first scheme's is
+printed as the median of the step-by-step ratios: a machine whose speed drifts slows them alike.
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
@@ -42,12 +47,17 @@ from lm.data import TokenizedSplit, prepare_data
 from lm.distributed import World
 from lm.model import TransformerLM
 from lm.optim import build_optimizer
+from lm.position import POSITIONS
 from lm.runtime import autocast_context, compile_model, resolve_device, retain_freed_host_memory
 from lm.sample import generate
 from lm.step import Stepper
 
 # name: (model shape, sequences per step)
 SHAPES: dict[str, tuple[dict, int]] = {
+    "main": (  # configs/default.yaml, the main job
+        dict(n_layer=4, n_head=4, d_model=128, context_length=128, position="rope"),
+        16,
+    ),
     "nanogpt-cpu": (
         dict(n_layer=4, n_head=4, d_model=128, context_length=64, position="learned"),
         12,
@@ -189,75 +199,114 @@ def random_split(vocab: int, n_tokens: int, seed: int = 0) -> TokenizedSplit:
     return TokenizedSplit(tokens=tokens, offsets=np.array([0, n_tokens], dtype=np.int64))
 
 
-def bench_training(
-    shape: str,
-    dtype_name: str,
-    steps: int,
-    warmup: int,
-    compiled: bool,
-    device: torch.device,
-    peak: tuple[float, str],
-    batch: int | None = None,
-) -> dict:
-    """One shape and dtype: ``peak`` is (FLOP/s, its source) for MFU; ``batch`` replaces the
-    shape's sequences per step."""
-    model_kw, shape_batch = SHAPES[shape]
-    batch = batch or shape_batch
-    cfg = ModelConfig(**{"vocab_size": 65, **model_kw})
-    torch.manual_seed(0)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    model = TransformerLM(cfg).to(device)
-    tc = TrainConfig(batch_size=batch, lr=1e-3, grad_clip=1.0)
-    optimizer = build_optimizer(model, tc, device)
-    runner = compile_model(model, device) if compiled else model
-    dtype = DTYPES[dtype_name]
-    stepper = Stepper(
-        runner, model, optimizer, torch.amp.GradScaler(device.type, enabled=False),
-        autocast_context(device, dtype), World(), device, tc.grad_clip,
-    )  # fmt: skip
-    split = random_split(cfg.vocab_size, 200_000)
-    batches = TrainBatches(split, DataConfig(), cfg.context_length, batch, 1, 0, seed=0)
+class Training:
+    """One shape, dtype and position scheme, ready to time full optimizer steps (the trainer's
+    own data path, forward, loss, backward, clipping, AdamW) on random tokens."""
 
-    step_times, data_times = [], []
-    for step in range(warmup + steps):
-        if step == warmup:
-            faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    def __init__(
+        self,
+        shape: str,
+        dtype_name: str,
+        compiled: bool,
+        device: torch.device,
+        batch: int | None = None,
+        position: str | None = None,
+    ) -> None:
+        model_kw, shape_batch = SHAPES[shape]
+        self.shape, self.dtype_name, self.compiled, self.device = (
+            shape,
+            dtype_name,
+            compiled,
+            device,
+        )
+        self.batch = batch or shape_batch
+        given = {"position": position} if position else {}
+        self.cfg = ModelConfig(**{"vocab_size": 65, **model_kw, **given})
+        torch.manual_seed(0)
+        self.model = TransformerLM(self.cfg).to(device)
+        tc = TrainConfig(batch_size=self.batch, lr=1e-3, grad_clip=1.0)
+        optimizer = build_optimizer(self.model, tc, device)
+        runner = compile_model(self.model, device) if compiled else self.model
+        self.stepper = Stepper(
+            runner, self.model, optimizer, torch.amp.GradScaler(device.type, enabled=False),
+            autocast_context(device, DTYPES[dtype_name]), World(), device, tc.grad_clip,
+        )  # fmt: skip
+        split = random_split(self.cfg.vocab_size, 200_000)
+        ctx = self.cfg.context_length
+        self.batches = TrainBatches(split, DataConfig(), ctx, self.batch, 1, 0, seed=0)
+        self.step_times: list[float] = []
+        self.data_times: list[float] = []
+        self.faults = 0
+
+    def step(self, step: int, timed: bool) -> None:
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
-        micro, n_targets = batches.step(step)
+        micro, n_targets = self.batches.step(step)
         t1 = time.perf_counter()
-        loss = stepper.forward_backward(micro, n_targets)
-        stepper.update(loss)  # (reads nothing back from the device)
-        if device.type == "cuda":
+        loss = self.stepper.forward_backward(micro, n_targets)
+        self.stepper.update(loss)  # (reads nothing back from the device)
+        if self.device.type == "cuda":
             torch.cuda.synchronize()  # the step has finished on the device before the clock stops
         t2 = time.perf_counter()
-        if step >= warmup:
-            data_times.append(t1 - t0)
-            step_times.append(t2 - t0)
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / steps
-    step_s = statistics.median(step_times)
-    tokens = batch * cfg.context_length
-    peak_flops, peak_source = peak
-    tok_s = tokens / step_s
-    row = {
-        "shape": shape,
-        "layers/heads/width/ctx": f"{cfg.n_layer}/{cfg.n_head}/{cfg.d_model}/{cfg.context_length}",
-        "params_M": round(model.num_parameters() / 1e6, 2),
-        "batch": batch,
-        "dtype": dtype_name,
-        "compile": compiled,
-        "step_ms": round(step_s * 1e3, 2),
-        "tokens_per_s": round(tok_s),
-        "mfu": tok_s * model.flops_per_token(cfg.context_length) / peak_flops,
-        "peak_tflops": peak_flops / 1e12,
-        "peak_source": peak_source,
-        "data_fraction": statistics.median(data_times) / step_s,
-        "page_faults_per_step": round(faults),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }
-    if device.type == "cuda":
-        row["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    return row
+        if timed:
+            self.data_times.append(t1 - t0)
+            self.step_times.append(t2 - t0)
+            self.faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
+
+    def row(self, peak: tuple[float, str]) -> dict:
+        """The timed steps' medians: ``peak`` is (FLOP/s, its source) for MFU."""
+        cfg, steps = self.cfg, len(self.step_times)
+        step_s = statistics.median(self.step_times)
+        tok_s = self.batch * cfg.context_length / step_s
+        peak_flops, peak_source = peak
+        dims = f"{cfg.n_layer}/{cfg.n_head}/{cfg.d_model}/{cfg.context_length}"
+        row = {
+            "shape": self.shape,
+            "position": cfg.position_text,
+            "layers/heads/width/ctx": dims,
+            "params_M": round(self.model.num_parameters() / 1e6, 2),
+            "batch": self.batch,
+            "dtype": self.dtype_name,
+            "compile": self.compiled,
+            "step_ms": round(step_s * 1e3, 2),
+            "tokens_per_s": round(tok_s),
+            "mfu": tok_s * self.model.flops_per_token(cfg.context_length) / peak_flops,
+            "peak_tflops": peak_flops / 1e12,
+            "peak_source": peak_source,
+            "data_fraction": statistics.median(self.data_times) / step_s,
+            "page_faults_per_step": round(self.faults / steps),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        if self.device.type == "cuda":
+            row["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return row
+
+
+def bench_side_by_side(runs: list[Training], steps: int, warmup: int) -> None:
+    """Time ``runs`` step by step in turn (the order rotated every step), so that a machine
+    whose speed drifts slows them alike; each keeps its own step times."""
+    if runs and runs[0].device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(runs[0].device)
+    for step in range(warmup + steps):
+        k = step % len(runs)
+        for run in runs[k:] + runs[:k]:
+            run.step(step, timed=step >= warmup)
+
+
+def side_by_side_ratios(runs: list[Training]) -> list[str]:
+    """Each run's tokens/s over the first's: the median of the step-by-step ratios (steps taken
+    in turn) and their interquartile range."""
+    base, lines = runs[0], []
+    for run in runs[1:]:
+        ratios = sorted(b / r for b, r in zip(base.step_times, run.step_times, strict=True))
+        q1, q3 = (ratios[int(f * (len(ratios) - 1))] for f in (0.25, 0.75))
+        lines.append(
+            f"{run.shape} {run.dtype_name}{' compiled' if run.compiled else ''}: "
+            f"{run.cfg.position_text} / {base.cfg.position_text} tokens/s "
+            f"{statistics.median(ratios):.3f} (quartiles {q1:.3f}-{q3:.3f}, {len(ratios)} steps "
+            "each, in turn)"
+        )
+    return lines
 
 
 def bench_decode(
@@ -311,13 +360,14 @@ def bench_tokenize(reps: int = 3) -> dict:
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| shape | L/H/d/ctx | params | batch | dtype | compile | ms/step | tokens/s | MFU | data "
-        "| faults/step |"
+        "| shape | position | L/H/d/ctx | params | batch | dtype | compile | ms/step | tokens/s "
+        "| MFU | data | faults/step |"
     )
-    lines = [head, "|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---|---:|---:|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['shape']} | {r['layers/heads/width/ctx']} | {r['params_M']}M | {r['batch']} "
+            f"| {r['shape']} | {r['position']} | {r['layers/heads/width/ctx']} | {r['params_M']}M "
+            f"| {r['batch']} "
             f"| {r['dtype']} | {'yes' if r['compile'] else 'no'} | {r['step_ms']} "
             f"| {r['tokens_per_s']:,} | {r['mfu']:.1%} | {r['data_fraction']:.1%} "
             f"| {r['page_faults_per_step']:,} |"
@@ -369,9 +419,14 @@ def main() -> int:
         action="store_true",
         help="leave glibc's malloc thresholds alone (the trainer raises them on CPU)",
     )
+    parser.add_argument(
+        "--positions", help="position schemes, one row each (default: each shape's own)"
+    )
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
-    for name, known in (("--shapes", SHAPES), ("--dtypes", DTYPES)):
+    for name, known in (("--shapes", SHAPES), ("--dtypes", DTYPES), ("--positions", POSITIONS)):
+        if getattr(args, name[2:]) is None:
+            continue
         unknown = set(getattr(args, name[2:]).split(",")) - set(known)
         if unknown:
             parser.error(f"{name}: {', '.join(sorted(unknown))} not among {', '.join(known)}")
@@ -385,16 +440,21 @@ def main() -> int:
     print(f"device: {device_name}, torch {torch.__version__}", file=sys.stderr, flush=True)
     dtypes = args.dtypes.split(",") if args.train else []
     peaks = {d: resolve_peak(d, device, args.peak_tflops) for d in dtypes}
-    rows = []
+    positions = args.positions.split(",") if args.positions else [None]
+    rows, ratios = [], []
     for shape in args.shapes.split(",") if args.train else []:
         for dtype in dtypes:
             for compiled in (False, True) if args.compile else (False,):
-                row = bench_training(
-                    shape, dtype, args.steps, args.warmup, compiled, device, peaks[dtype],
-                    args.batch,
-                )  # fmt: skip
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                rows.append(row)
+                runs = [
+                    Training(shape, dtype, compiled, device, args.batch, position)
+                    for position in positions
+                ]
+                bench_side_by_side(runs, args.steps, args.warmup)
+                for run in runs:
+                    rows.append(run.row(peaks[dtype]))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                ratios += side_by_side_ratios(runs)
+                del runs
     report: dict = {
         "device": str(device),
         "device_name": device_name,
@@ -403,6 +463,9 @@ def main() -> int:
     }
     if rows:
         print(table(rows) + "\n")
+    if ratios:
+        report["position_ratios"] = ratios
+        print("\n".join(ratios) + "\n")
     for dtype, (_, source) in peaks.items():
         print(f"MFU peak, {dtype}: {source}")
     if args.decode:
