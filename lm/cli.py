@@ -320,7 +320,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     # A run started from another's weights resumes with that run's tokenizer, as it began.
     source = args.init_from or (recorded_init_from(run_dir) if args.resume else None)
     if source:
-        notes = None if args.quiet else lambda line: _say(line, shared=True)
+        notes = None if args.quiet else lambda line: _say(line, alike=True)
         config = config_for_init(config, source, notes)
     result = train(
         config,
@@ -332,7 +332,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
-        _say(f"lm: {result.message}", shared=True, code=code)
+        _say(f"lm: {result.message}", alike=True, code=code)
     return code
 
 
@@ -566,12 +566,12 @@ COMMANDS = {
 }
 
 
-def _say(line: str, shared: bool, code: int = 0) -> None:
+def _say(line: str, alike: bool, code: int = 0) -> None:
     """Write one line to standard error, said once per job: under torchrun a line every process
-    has alike (``shared``) is said by rank 0 alone, and the others, when they are to fail
+    has alike (``alike``) is said by rank 0 alone, and the others, when they are to fail
     (``code``), wait for it first; a line of one process names its rank."""
     rank = launched_rank()
-    if rank and shared:
+    if rank and alike:
         if code:
             time.sleep(LINGER_S)
         return

@@ -264,3 +264,19 @@ def test_attention_names_no_position_scheme_and_reads_like_the_notes():
     forward = inspect.signature(MultiHeadAttention.forward).parameters
     assert list(forward) == ["self", "x", "plan", "cache"]
     assert len(inspect.getsource(MultiHeadAttention.forward).splitlines()) <= 40
+
+
+def test_no_side_channel_between_layers_remains_in_lm():
+    # Layers share one frozen Plan: no parameter named `shared` (a dict the first layer filled
+    # and later ones trusted), no `need_weights` threaded through them.
+    import ast
+    from pathlib import Path
+
+    import lm
+
+    found = []
+    for path in Path(lm.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.arg) and node.arg in {"shared", "need_weights"}:
+                found.append(f"{path.name}:{node.lineno} {node.arg}")
+    assert found == []
