@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
     c.add_argument(
         "--prompt",
-        help="text every run continues (default: 'The for statement', or what the folder's "
-        "sweep.json records)",
+        help="text every run continues (default: 'The for statement', for runs on a generated "
+        "task a prompt of the task, or what the folder's sweep.json records)",
     )
     c.add_argument(
         "--max-new-tokens",

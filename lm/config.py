@@ -210,12 +210,11 @@ class ModelConfig:
             raise ConfigError("model.random_positions: position: none reads no positions")
 
     def _check_position(self) -> None:
-        """One scheme, or one per layer; kept as ``layer_positions``."""
+        """One scheme, or one per layer (read back as ``layer_positions``)."""
         from lm.position import POSITIONS, SCHEMES  # the registry (lm.position imports this)
 
         if isinstance(self.position, str):
             _choice("model", "position", self.position, POSITIONS)
-            object.__setattr__(self, "_layers", (self.position,) * self.n_layer)
             return
         text = value_text(self.position)
         names = list(self.position)
@@ -245,7 +244,6 @@ class ModelConfig:
                 f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
                 "layers; give one per layer, or end the list with ... to repeat it"
             )
-        object.__setattr__(self, "_layers", tuple(names * (self.n_layer // len(names))))
 
     def _check_scheme_keys(self) -> None:
         """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
@@ -293,8 +291,11 @@ class ModelConfig:
 
     @property
     def layer_positions(self) -> tuple[str, ...]:
-        """Each layer's position scheme, ``n_layer`` names."""
-        return self._layers
+        """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
+        if isinstance(self.position, str):
+            return (self.position,) * self.n_layer
+        names = [name for name in self.position if name != "..."]
+        return tuple(names * (self.n_layer // len(names)))
 
     @property
     def position_range(self) -> int:

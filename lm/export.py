@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 
 from lm.config import LMError, ModelConfig
 from lm.hf import ARCHITECTURES, HFModel, to_hf
-from lm.hf_rope import rope_parameters
+from lm.hf_rope import ROPE_KEYS, rope_parameters
 from lm.runs import CONFIG, PROVENANCE, LoadedRun, check_out_dir, load_run, refuse_overlap
 from lm.tokenizer import EOD, PAD, UNK, TextTokenizer
 
@@ -260,10 +260,7 @@ def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> li
     commit = origin.get("git_commit") or "unknown"
     rope = []
     if m.position == "rope":
-        settings = ", ".join(
-            f"{key} {getattr(m, key)}"
-            for key in ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
-        )
+        settings = ", ".join(f"{key} {getattr(m, key)}" for key in ROPE_KEYS)
         written = json.dumps(rope_parameters(m))
         rope = [("RoPE", f"lm: {settings}; in config.json: `rope_parameters` {written}")]
     return [

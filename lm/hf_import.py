@@ -30,7 +30,7 @@ from lm.config import (
 )
 from lm.export import LM_CONFIG, built_folder, check_output, require_transformers
 from lm.hf import from_hf, model_shape
-from lm.hf_rope import rope_parameters
+from lm.hf_rope import ROPE_KEYS, rope_parameters
 from lm.model import TransformerLM
 from lm.runs import (
     CONFIG,
@@ -136,9 +136,6 @@ def _read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-_ROPE_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
-
-
 def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
     """The run's config: the model from the weights; data and train sections, and what the
     weights do not say (the trained context of a scheme with no table, dropout, the attention
@@ -166,7 +163,7 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["context_length"] = saved.model.context_length
             model = ModelConfig(**{**keys, **kept})
             if model.position == "rope":
-                spelled = {key: getattr(saved.model, key) for key in _ROPE_KEYS}
+                spelled = {key: getattr(saved.model, key) for key in ROPE_KEYS}
                 try:
                     as_saved = dataclasses.replace(model, **spelled)
                 except ConfigError:  # a config of another shape: not this model's spelling

@@ -45,6 +45,9 @@ import torch
 from lm.config import ConfigError, LMError, ModelConfig
 from lm.position import Rope, ntk_base
 
+ROPE_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
+"""lm's RoPE settings, which :func:`rope_parameters` writes as transformers' ``rope_parameters``."""
+
 WHAT_LM_COMPUTES = (
     "lm computes rope_type default (any rope_theta; NTK-aware scaling exports as one), linear "
     "(Position Interpolation), and yarn where transformers' ramp gives lm's frequencies"
