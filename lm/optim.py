@@ -108,6 +108,14 @@ class Muon(torch.optim.Optimizer):
                  momentum: float = 0.95, eps: float = 1e-8):  # fmt: skip
         super().__init__(groups, {"lr": lr, "betas": betas, "momentum": momentum, "eps": eps})
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As torch loads it, then each AdamW step count moved beside its parameter (torch keeps
+        a loaded step count on the CPU), once here rather than at every step."""
+        super().load_state_dict(state_dict)
+        for p, state in self.state.items():
+            if "step" in state:
+                state["step"] = state["step"].to(p.device, _step_dtype(p.device))
+
     @torch.no_grad()
     def step(self, closure=None):
         found_inf = getattr(self, "found_inf", None)
@@ -153,9 +161,6 @@ class Muon(torch.optim.Optimizer):
                 state["step"] = torch.zeros((), dtype=_step_dtype(p.device), device=p.device)
                 state["exp_avg"] = torch.zeros_like(p)
                 state["exp_avg_sq"] = torch.zeros_like(p)
-            elif state["step"].device != p.device or state["step"].dtype != _step_dtype(p.device):
-                # as a checkpoint loads it: torch keeps a step count on the CPU
-                state["step"] = state["step"].to(p.device, _step_dtype(p.device))
         beta1, beta2 = group["betas"]
         lr, decay = group["lr"], group["weight_decay"]
         grads = [p.grad for p in params]
