@@ -502,8 +502,8 @@ class TrainConfig:
     dtype: str = "auto"
     """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
     threads: int | None = None
-    """CPU threads of this run's math; default: torch's (the cores). fp32 sums split over another
-    number of threads round differently, so runs equal bit for bit at the same count only."""
+    """CPU threads of this run's math; default: torch's (the cores). The numbers do not depend
+    on it: a run on one thread equals the same run on two, bit for bit (fp32)."""
     compile: bool | None = None
     """torch.compile the model: true | false; left out (null), it compiles on CUDA only."""
     parallel: str = "ddp"

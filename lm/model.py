@@ -39,14 +39,30 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+class LayerNorm(nn.LayerNorm):
+    """Normalize each position's features to mean 0 and variance 1, then scale (and shift).
+
+    On CPU the two steps are two ops: PyTorch's fused kernel sums the scale's gradient over the
+    positions in one part per thread, so a run's weights would depend on how many threads it
+    had. Summed by autograd, the gradient is the same on any number of threads (so are the
+    runs of ``lm compare --jobs N`` and one at a time, tests/test_jobs.py). A GPU has no thread
+    count to depend on and keeps the one fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            return super().forward(x)
+        y = F.layer_norm(x, self.normalized_shape, eps=self.eps) * self.weight
+        return y if self.bias is None else y + self.bias
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.norm1 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(config, layer)
-        self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.norm2 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -66,7 +82,7 @@ class TransformerLM(nn.Module):
         self.pos_embed = embedding_part(config)  # adds p_l for the additive schemes
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.norm = nn.LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+        self.norm = LayerNorm(d, eps=config.norm_eps, bias=config.bias)
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight

@@ -48,7 +48,7 @@ from lm.config import (
 )
 from lm.data import prepare_data, print_to_stderr
 from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
-from lm.jobs import Job, run_jobs, threads_per_job
+from lm.jobs import Job, run_jobs
 from lm.report import RunResult, write_report
 from lm.runs import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.runtime import resolve_device
@@ -199,7 +199,7 @@ def _check_same_config(run_dir: Path, config: Config) -> None:
         return
     saved = load_config(run_dir / CONFIG)
     for name, (old, new) in config_diff(saved, config).items():
-        if name == "model.vocab_size":
+        if name in ("model.vocab_size", "train.threads"):  # threads: the same numbers on any
             continue
         raise LMError(
             f"{run_dir}: was trained with {name}={old!r}, this sweep asks for {new!r}; "
@@ -234,8 +234,6 @@ def run_sweep(
     if seeds is None:
         seeds = [base.train.seed]
     device = resolve_device(base.train.device, "train.device")
-    if jobs > 1 and device.type == "cpu" and base.train.threads is None:
-        overrides = [*overrides, f"train.threads={threads_per_job(jobs)}"]  # the cores, divided
     settings = [(v, [f"{vary_key}={v}"]) for v in values or []] if vary_key else [(None, [])]
     plan = [
         (_run_dir(out_dir, vary_key, value, seed), [*overrides, *setting, f"train.seed={seed}"])
@@ -282,7 +280,10 @@ def run_sweep(
         for data in {c.data: None for _, c in waiting}:
             prepare_data(data, log=None if quiet else log)
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
-        run_jobs([job for job, _ in waiting], jobs, gpus, log)
+        # On CPU the jobs divide the cores, unless the config fixes every run's threads.
+        cores = torch.get_num_threads() if device.type == "cpu" else None
+        cores = cores if base.train.threads is None else None
+        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores)
     return [run_dir for run_dir, _ in plan]
 
 

@@ -59,6 +59,23 @@ def train_via_cli(root: Path, **train: Any) -> Path:
     return root / "run"
 
 
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    """The newest checkpoint's weights."""
+    from safetensors.torch import load_file
+
+    from lm.checkpoint import latest_checkpoint
+
+    return load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    """Two runs' newest checkpoints hold the same weights, bit for bit."""
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
+
+
 def assert_one_line(error: BaseException | pytest.ExceptionInfo, *words: str) -> str:
     """A user error as the CLI prints it: an LMError whose message is one non-empty line naming
     every word. ``error`` is the exception or what ``pytest.raises`` caught; returns the text."""

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from _support import losses, metrics, write_config
+from _support import assert_same_weights, losses, metrics, write_config
 
 from lm.checkpoint import latest_checkpoint
 from lm.cli import main
+from lm.jobs import Job, job_threads
 
 SCHEMES = ("rope", "alibi", "learned")
 
@@ -40,33 +43,55 @@ def _argv(cfg, out, cache, *extra):
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """The same sweep with two jobs at once and one run at a time, each run on the threads a
-    job gets."""
+    """The same sweep with two jobs at once and one run at a time on every core. The model is
+    wide enough that PyTorch's kernels split their sums between threads."""
     root = tmp_path_factory.mktemp("jobs")
     cfg = write_config(
-        root / "tiny.yaml", train={"max_steps": 12, "eval_every": 6, "checkpoint_every": 6}
+        root / "tiny.yaml",
+        model={"context_length": 64, "d_model": 64},
+        train={"max_steps": 12, "eval_every": 6, "checkpoint_every": 6},
     )
-    threads = max(1, torch.get_num_threads() // 2)
     assert main(_argv(cfg, root / "jobs", root / "cache", "--jobs", "2")) == 0
-    sequential = _argv(cfg, root / "one", root / "cache", f"train.threads={threads}")
-    assert main(sequential) == 0
-    return root, cfg, threads
+    assert main(_argv(cfg, root / "one", root / "cache")) == 0
+    return root, cfg
 
 
 def test_two_jobs_train_every_run_as_one_at_a_time_does(sweeps):
-    root, _, threads = sweeps
-    for scheme in SCHEMES:
+    root, _ = sweeps
+    cores = torch.get_num_threads()
+    for i, scheme in enumerate(SCHEMES):
         together, alone = (root / out / f"position={scheme}" / "seed7" for out in ("jobs", "one"))
         assert latest_checkpoint(together).name == "step_00000012"
-        config = yaml.safe_load((together / "config.yaml").read_text())
-        assert config["train"]["threads"] == threads  # the cores, divided between the jobs
+        threads = yaml.safe_load((together / "config.yaml").read_text())["train"]["threads"]
+        if i < 2:
+            assert threads == max(1, cores // 2)  # the cores, divided between the jobs
+        else:
+            assert 1 <= threads <= cores  # the last: what the first two left it
+        assert yaml.safe_load((alone / "config.yaml").read_text())["train"]["threads"] is None
         for key in ("train_loss", "val_loss"):
             assert losses(together, key) == losses(alone, key) != {}
+        assert_same_weights(together, alone)
     assert (root / "jobs" / "report.md").is_file()
 
 
+def test_the_last_jobs_take_the_cores_the_others_leave(tmp_path):
+    def running(threads, step, max_steps=100):
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"step": step, "train_loss": 1.0}) + "\n")
+        return SimpleNamespace(threads=threads, job=Job(run, [], max_steps))
+
+    assert job_threads(8, 2, 5, []) == 4  # a full round: the cores divided by the jobs
+    assert job_threads(8, 2, 5, [running(4, 10)]) == 4
+    assert job_threads(8, 2, 1, []) == 8  # the last alone: every core
+    assert job_threads(8, 2, 1, [running(4, 95)]) is None  # waits for the nearly done run's
+    assert job_threads(8, 2, 1, [running(4, 50)]) == 4  # far from done: starts on what is free
+    assert job_threads(16, 4, 2, [running(4, 95), running(4, 50)]) == 8  # free: 8, its share
+    assert job_threads(2, 3, 5, [running(1, 10), running(1, 10)]) == 1  # more jobs than cores
+
+
 def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(sweeps):
-    root, cfg, _ = sweeps
+    root, cfg = sweeps
     argv = _argv(cfg, root / "stopped", root / "cache", "train.max_steps=12", "--jobs", "2")
     command = [sys.executable, "-m", "lm", *[a for a in argv if a != "--quiet"]]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -92,7 +117,7 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
 
 
 def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(sweeps, capsys):
-    root, cfg, _ = sweeps
+    root, cfg = sweeps
     out = root / "failing"
     argv = _argv(cfg, out, root / "cache", "--jobs", "2")
     argv[argv.index("--vary") + 1] = "train.lr=3e-3,1e30"  # the second diverges at once

@@ -8,20 +8,20 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from _support import (
     assert_bf16_step_matches_fp32,
+    assert_same_weights,
     losses,
     metrics,
     nan_loss_at_step,
     tiny_config,
     varied_corpus,
+    weights,
     write_config,
 )
-from safetensors.torch import load_file
 
 from lm.batches import PaddedCollator
 from lm.checkpoint import complete_checkpoints, latest_checkpoint
@@ -30,17 +30,6 @@ from lm.model import TransformerLM, loss_sum
 from lm.optim import build_optimizer, lr_at, orthogonalize
 from lm.runtime import compile_model
 from lm.train import train
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0, msg=k)
 
 
 def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
@@ -84,6 +73,27 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, m
     assert losses(tmp_path / "resumed") == losses(tmp_path / "straight")
     assert losses(tmp_path / "resumed", "val_loss") == losses(tmp_path / "straight", "val_loss")
     assert_same_weights(tmp_path / "resumed", tmp_path / "straight")
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer"),
+    [({"position": "rope"}, "adamw"), ({"position": "fire", "bias": True}, "muon")],
+    ids=["rope-adamw", "fire-bias-muon"],
+)
+def test_a_run_is_the_same_on_one_thread_and_on_two(tmp_path, model, optimizer):
+    # lm compare --jobs N trains its runs on fewer threads than a run alone: the numbers must
+    # not care. Wide enough that PyTorch's kernels split their sums between threads.
+    cfg = {"context_length": 64, "n_layer": 2, "n_head": 2, "d_model": 64, **model}
+    for threads in (1, 2):
+        train(
+            tiny_config(model=cfg, train={"max_steps": 10, "threads": threads, "eval_every": 5,
+                                          "optimizer": optimizer}),
+            tmp_path / f"threads{threads}",
+            quiet=True,
+        )  # fmt: skip
+    one, two = tmp_path / "threads1", tmp_path / "threads2"
+    assert losses(one) == losses(two) and losses(one, "val_loss") == losses(two, "val_loss")
+    assert_same_weights(one, two)
 
 
 def test_gradient_accumulation_equals_one_big_batch_with_padding(tmp_path):
