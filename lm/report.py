@@ -41,7 +41,7 @@ HOUSEKEEPING = (
         for key in (
             "eval_every", "eval_steps", "eval_batch_size", "checkpoint_every",
             "keep_checkpoints", "log_every", "device", "compile", "tensorboard",
-            "on_checkpoint_error",
+            "on_checkpoint_error", "threads",
         )
     ),
 )  # fmt: skip

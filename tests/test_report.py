@@ -232,6 +232,9 @@ def test_labels_name_what_differs_besides_the_seed():
     unscaled = tiny_config(model={"position": "sinusoidal", "scale_embeddings": False})
     scaled = tiny_config(model={"position": "sinusoidal"})
     assert labels([scaled, unscaled]) == ("scale_embeddings", ["true", "false"])
+    # lm compare --jobs gives the last runs more threads: the same numbers, not another run.
+    alone = tiny_config(model={"position": "alibi"}, train={"threads": 2})
+    assert labels([tiny_config(train={"threads": 1}), alone]) == ("position", ["rope", "alibi"])
 
 
 def test_no_results_is_an_error_and_writes_nothing(tmp_path):
