@@ -309,6 +309,22 @@ def side_by_side_ratios(runs: list[Training]) -> list[str]:
     return lines
 
 
+def profile_steps(run: Training, steps: int, rows: int = 15) -> str:
+    """``run``'s next ``steps`` steps under torch.profiler: each op's share of the self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if run.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for step in range(steps):
+            run.step(10**6 + step, timed=False)
+    key = "self_cuda_time_total" if run.device.type == "cuda" else "self_cpu_time_total"
+    title = f"{run.shape} {run.dtype_name} {run.cfg.position_text}: {steps} steps profiled"
+    table = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=50)
+    return f"{title}\n{table}"
+
+
 def bench_decode(
     device: torch.device, new_tokens: int = 512, reps: int = 3, compile_step: bool = False
 ) -> dict:
@@ -422,6 +438,12 @@ def main() -> int:
     parser.add_argument(
         "--positions", help="position schemes, one row each (default: each shape's own)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print where each shape's step spends its time: torch.profiler's self time "
+        "per op over --steps more steps of its first row",
+    )
     parser.add_argument("--out", default="bench.json")
     args = parser.parse_args()
     for name, known in (("--shapes", SHAPES), ("--dtypes", DTYPES), ("--positions", POSITIONS)):
@@ -454,6 +476,8 @@ def main() -> int:
                     rows.append(run.row(peaks[dtype]))
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 ratios += side_by_side_ratios(runs)
+                if args.profile:
+                    print(profile_steps(runs[0], args.steps), file=sys.stderr, flush=True)
                 del runs
     report: dict = {
         "device": str(device),

@@ -15,6 +15,14 @@ Each repeat runs every program once, in an order rotated from repeat to repeat; 
 ``--warmup`` steps (compiling included) are dropped. Prints each program's median and the
 ratios of medians taken within each repeat; wall time per process shows the start-up cost.
 nanoGPT runs from the user's own checkout; none of its code is in this project.
+
+With ``--in-process`` the two training steps instead run in this one process, a step of each in
+turn (the order swapped every step), so that a host whose speed drifts slows both alike: nanoGPT's
+``GPT`` and ``configure_optimizers`` imported from the checkout's ``model.py``, its step as its
+``train.py`` takes it on CPU (a batch cut from its ``train.bin`` memmap, forward with targets,
+backward, clipping at 1.0, AdamW, ``zero_grad``), against `lm`'s step as ``scripts/bench.py``
+times it. Both programs' start-up, logging and evaluation are left out; the process keeps
+freed memory as `lm`'s trainer does, which helps nanoGPT's step here more than in its own run.
 """
 
 from __future__ import annotations
@@ -64,6 +72,64 @@ def lm_steps(args: argparse.Namespace, compiled: bool, out: Path) -> list[float]
     return times[args.warmup // LM_LOG :]
 
 
+def in_process(args: argparse.Namespace) -> int:
+    """nanoGPT's step and lm's, in turn in this process: medians and the step-by-step ratio."""
+    import numpy as np
+    import torch
+    from bench import Training  # scripts/bench.py: lm's own training step, timed
+
+    from lm.runtime import retain_freed_host_memory
+
+    sys.path.insert(0, str(args.nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's model.py, from the user's checkout
+
+    retain_freed_host_memory()
+    torch.manual_seed(0)
+    shape = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, bias=False)
+    gpt = GPT(GPTConfig(vocab_size=65, **shape))
+    optimizer = gpt.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    train_bin = args.nanogpt / "data" / "shakespeare_char" / "train.bin"
+    batch, block = 12, 64
+
+    def nanogpt_step() -> float:
+        t0 = time.perf_counter()
+        data = np.memmap(train_bin, dtype=np.uint16, mode="r")  # reopened per batch, as it does
+        starts = torch.randint(len(data) - block, (batch,)).tolist()
+        x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in starts])
+        y = torch.stack(
+            [torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in starts]
+        )
+        _, loss = gpt(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    lm = Training("nanogpt-cpu", "fp32", False, torch.device("cpu"))
+    nano: list[float] = []
+    for step in range(args.warmup + args.iters):
+        timed = step >= args.warmup
+        if step % 2:
+            lm.step(step, timed)
+        took = nanogpt_step()
+        if step % 2 == 0:
+            lm.step(step, timed)
+        if timed:
+            nano.append(took)
+    ratios = sorted(n / m for n, m in zip(nano, lm.step_times, strict=True))
+    q1, q3 = (ratios[int(f * (len(ratios) - 1))] for f in (0.25, 0.75))
+    print(f"| program | median ms/step ({args.iters} steps each, in turn, one process) |")
+    print("|---|---:|")
+    print(f"| nanoGPT | {statistics.median(nano) * 1e3:.2f} |")
+    print(f"| lm | {statistics.median(lm.step_times) * 1e3:.2f} |")
+    print(
+        f"\nlm / nanoGPT tokens/s, step by step: {statistics.median(ratios):.3f} "
+        f"(quartiles {q1:.3f}-{q3:.3f})"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, required=True)
@@ -73,7 +139,14 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=30, help="steps dropped as warm-up")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="also run both compiled")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the two training steps in turn in this process (--iters steps each), not whole runs",
+    )
     args = parser.parse_args()
+    if args.in_process:
+        return in_process(args)
 
     programs = {"nanoGPT": (nanogpt_steps, False), "lm": (lm_steps, False)}
     if args.compile:
