@@ -131,3 +131,15 @@ def test_bad_flags_are_refused_before_any_work(bench, monkeypatch, capsys, flag,
         bench.main()
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_profile_names_the_ops_of_a_training_step_by_their_share(bench):
+    bench.SHAPES["tiny"] = (dict(n_layer=1, n_head=2, d_model=32, context_length=16), 2)
+    try:
+        run = bench.Training("tiny", "fp32", False, torch.device("cpu"))
+        text = bench.profile_steps(run, 2)
+    finally:
+        del bench.SHAPES["tiny"]
+    assert text.startswith("tiny fp32 rope: 2 steps profiled")
+    assert "aten::mm" in text and "Self CPU %" in text
+    assert not run.step_times  # profiled steps are not timed
