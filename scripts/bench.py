@@ -211,6 +211,7 @@ class Training:
         device: torch.device,
         batch: int | None = None,
         position: str | None = None,
+        fused_norm: bool = False,
     ) -> None:
         model_kw, shape_batch = SHAPES[shape]
         self.shape, self.dtype_name, self.compiled, self.device = (
@@ -224,6 +225,10 @@ class Training:
         self.cfg = ModelConfig(**{"vocab_size": 65, **model_kw, **given})
         torch.manual_seed(0)
         self.model = TransformerLM(self.cfg).to(device)
+        self.label = self.cfg.position_text
+        if fused_norm:  # PyTorch's one-kernel LayerNorm, whose CPU gradient depends on threads
+            _use_fused_layer_norm(self.model)
+            self.label += " (fused LayerNorm)"
         tc = TrainConfig(batch_size=self.batch, lr=1e-3, grad_clip=1.0)
         optimizer = build_optimizer(self.model, tc, device)
         runner = compile_model(self.model, device) if compiled else self.model
@@ -262,7 +267,7 @@ class Training:
         dims = f"{cfg.n_layer}/{cfg.n_head}/{cfg.d_model}/{cfg.context_length}"
         row = {
             "shape": self.shape,
-            "position": cfg.position_text,
+            "position": self.label,
             "layers/heads/width/ctx": dims,
             "params_M": round(self.model.num_parameters() / 1e6, 2),
             "batch": self.batch,
@@ -280,6 +285,18 @@ class Training:
         if self.device.type == "cuda":
             row["peak_gpu_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return row
+
+
+def _use_fused_layer_norm(model: torch.nn.Module) -> None:
+    """Replace lm's LayerNorms (two ops on CPU) by torch.nn.LayerNorm, weights kept."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.LayerNorm):
+                fused = torch.nn.LayerNorm(
+                    child.normalized_shape, eps=child.eps, bias=child.bias is not None
+                ).to(child.weight.device)
+                fused.load_state_dict(child.state_dict())
+                setattr(module, name, fused)
 
 
 def bench_side_by_side(runs: list[Training], steps: int, warmup: int) -> None:
@@ -302,7 +319,7 @@ def side_by_side_ratios(runs: list[Training]) -> list[str]:
         q1, q3 = (ratios[int(f * (len(ratios) - 1))] for f in (0.25, 0.75))
         lines.append(
             f"{run.shape} {run.dtype_name}{' compiled' if run.compiled else ''}: "
-            f"{run.cfg.position_text} / {base.cfg.position_text} tokens/s "
+            f"{run.label} / {base.label} tokens/s "
             f"{statistics.median(ratios):.3f} (quartiles {q1:.3f}-{q3:.3f}, {len(ratios)} steps "
             "each, in turn)"
         )
@@ -439,6 +456,12 @@ def main() -> int:
         "--positions", help="position schemes, one row each (default: each shape's own)"
     )
     parser.add_argument(
+        "--fused-layer-norm",
+        action="store_true",
+        help="also train each row with PyTorch's fused LayerNorm, side by side (on CPU lm "
+        "uses two ops, whose gradient is the same on any number of threads)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also print where each shape's step spends its time: torch.profiler's self time "
@@ -468,8 +491,9 @@ def main() -> int:
         for dtype in dtypes:
             for compiled in (False, True) if args.compile else (False,):
                 runs = [
-                    Training(shape, dtype, compiled, device, args.batch, position)
+                    Training(shape, dtype, compiled, device, args.batch, position, fused)
                     for position in positions
+                    for fused in ((False, True) if args.fused_layer_norm else (False,))
                 ]
                 bench_side_by_side(runs, args.steps, args.warmup)
                 for run in runs:

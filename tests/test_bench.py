@@ -143,3 +143,20 @@ def test_profile_names_the_ops_of_a_training_step_by_their_share(bench):
     assert text.startswith("tiny fp32 rope: 2 steps profiled")
     assert "aten::mm" in text and "Self CPU %" in text
     assert not run.step_times  # profiled steps are not timed
+
+
+def test_fused_layer_norm_rows_swap_only_the_norms(bench):
+    bench.SHAPES["tiny"] = (dict(n_layer=1, n_head=2, d_model=32, context_length=16), 2)
+    try:
+        ours, fused = (
+            bench.Training("tiny", "fp32", False, torch.device("cpu"), fused_norm=f)
+            for f in (False, True)
+        )
+    finally:
+        del bench.SHAPES["tiny"]
+    norms = [m for m in fused.model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 3 and all(type(m) is torch.nn.LayerNorm for m in norms)
+    assert fused.label == "rope (fused LayerNorm)" and ours.label == "rope"
+    ids = torch.randint(0, 65, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(fused.model(ids), ours.model(ids))  # the same model
