@@ -281,8 +281,8 @@ def run_sweep(
             prepare_data(data, log=None if quiet else log)
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         # On CPU the jobs divide the cores, unless the config fixes every run's threads.
-        cores = torch.get_num_threads() if device.type == "cpu" else None
-        cores = cores if base.train.threads is None else None
+        divide = device.type == "cpu" and base.train.threads is None
+        cores = torch.get_num_threads() if divide else None
         run_jobs([job for job, _ in waiting], jobs, gpus, log, cores)
     return [run_dir for run_dir, _ in plan]
 

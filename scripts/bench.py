@@ -337,7 +337,7 @@ def profile_steps(run: Training, steps: int, rows: int = 15) -> str:
         for step in range(steps):
             run.step(10**6 + step, timed=False)
     key = "self_cuda_time_total" if run.device.type == "cuda" else "self_cpu_time_total"
-    title = f"{run.shape} {run.dtype_name} {run.cfg.position_text}: {steps} steps profiled"
+    title = f"{run.shape} {run.dtype_name} {run.label}: {steps} steps profiled"
     table = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=50)
     return f"{title}\n{table}"
 
@@ -512,7 +512,7 @@ def main() -> int:
     if rows:
         print(table(rows) + "\n")
     if ratios:
-        report["position_ratios"] = ratios
+        report["side_by_side_ratios"] = ratios
         print("\n".join(ratios) + "\n")
     for dtype, (_, source) in peaks.items():
         print(f"MFU peak, {dtype}: {source}")
