@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from lm import __version__
-from lm.config import LMError
-from lm.distributed import launched_rank, met_alike
+from lm.config.errors import LMError
+from lm.runtime.distributed import launched_rank, met_alike
 
 LINGER_S = 5.0
 """How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:
@@ -311,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lm.config import load_config
-    from lm.runs import check_out_dir, config_for_init, recorded_init_from
-    from lm.train import train
+    from lm.config.load import load_config
+    from lm.runs.directory import check_out_dir
+    from lm.train.loop import train
+    from lm.train.setup import config_for_init, recorded_init_from
 
     config = load_config(args.config, args.overrides)
     run_dir = check_out_dir(Path(args.out) if args.out else Path("runs") / Path(args.config).stem)
@@ -372,7 +373,7 @@ def _read_prompts(raw: list[str]) -> list[str]:
 
 def _cmd_sample(args: argparse.Namespace) -> int:
     from lm.evaluate import load_evaluated
-    from lm.runtime import resolve_device
+    from lm.runtime.device import resolve_device
     from lm.sample import generate
 
     device = resolve_device(args.device, "--device")
@@ -425,7 +426,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from lm.evaluate import evaluate_run, format_accuracy, format_table, setting_line
-    from lm.runtime import resolve_device
+    from lm.runtime.device import resolve_device
 
     device = resolve_device(args.device, "--device")
     result = evaluate_run(
@@ -448,8 +449,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from lm.runtime import resolve_device
-    from lm.sweep import compare
+    from lm.compare.sweep import compare
+    from lm.runtime.device import resolve_device
 
     if args.prompt is not None:
         checked_text(args.prompt, "--prompt")
@@ -473,8 +474,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_attention(args: argparse.Namespace) -> int:
-    from lm.diagnostics import draw_attention
-    from lm.runtime import resolve_device
+    from lm.compare.diagnostics import draw_attention
+    from lm.runtime.device import resolve_device
 
     device = str(resolve_device(args.device, "--device"))
     text = checked_text(args.text, "--text")
@@ -488,9 +489,9 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
     """A learned position table has no vector past its rows: a longer ``--text`` is the text's
     to shorten (the model's own error would speak of its context). Anything else wrong with the
     run is left to the drawing to report."""
-    from lm.config import load_config
-    from lm.runs import CONFIG, TOKENIZER
-    from lm.tokenizer import TextTokenizer
+    from lm.config.load import load_config
+    from lm.data.tokenizer import TextTokenizer
+    from lm.runs.directory import CONFIG, TOKENIZER
 
     if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
         return
@@ -507,8 +508,8 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
-    from lm.diagnostics import draw_bias_by_distance, draw_sinusoids, score_by_offset
-    from lm.runtime import resolve_device
+    from lm.compare.diagnostics import draw_bias_by_distance, draw_sinusoids, score_by_offset
+    from lm.runtime.device import resolve_device
 
     if args.run_dir is None:
         path = draw_sinusoids(args.d or 4, args.length or 16, args.out or "sinusoids.png")
@@ -528,7 +529,7 @@ def _cmd_positions(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from lm.export import NAMES, export_run
+    from lm.hf.export import NAMES, export_run
 
     done = export_run(
         args.run_dir,
@@ -548,7 +549,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from lm.hf_import import import_model
+    from lm.hf.importer import import_model
 
     print(import_model(args.hf_dir, args.out, overwrite=args.overwrite))
     return 0

@@ -27,47 +27,21 @@ from typing import Any
 
 import torch
 
-from lm.batches import eval_batches, eval_windows
-from lm.config import Config, DataConfig, LMError, load_config, parse_rope_scaling
-from lm.data import TokenizedSplit, prepare_data
-from lm.distributed import World, all_reduce_sum
-from lm.model import TransformerLM, loss_sum
-from lm.runs import CONFIG, TOKENIZER, LoadedRun, load_run
+from lm.config.errors import LMError
+from lm.config.load import load_config
+from lm.config.names import task_of
+from lm.config.sections import Config, DataConfig
+from lm.config.values import parse_rope_scaling
+from lm.data.batches import eval_batches, eval_windows, model_inputs
+from lm.data.sources import TokenizedSplit, prepare_data
+from lm.data.tasks import evaluation_examples
+from lm.model.transformer import TransformerLM, loss_sum
+from lm.runs.directory import CONFIG, TOKENIZER
+from lm.runs.load import LoadedRun, load_run
+from lm.runtime.distributed import World, all_reduce_sum
 from lm.sample import generate
-from lm.tasks import evaluation_examples, task_of
 
 EVAL_FILE = "eval.json"
-
-
-def model_inputs(
-    batch: dict[str, torch.Tensor], device: torch.device, key_mask: bool = False
-) -> dict[str, Any]:
-    """Move a batch to ``device`` and keep only the masks the model needs (``key_mask``: always
-    keep it, for random positions, whose draw depends on each row's count of real tokens).
-
-    The key mask is dropped, so the model takes the fused causal kernel with no mask tensor,
-    when it is all True or when every row's padding is on the right and no document mask
-    applies: the causal mask already hides trailing pads from every real query, the pads carry
-    no loss, and the positions ``0..T-1`` the model then uses count the real tokens of each row
-    exactly. The check reads the host batch before the copy and never waits for the device.
-    """
-    if device.type == "cuda":  # pinned host memory: the copy overlaps with the previous step
-        moved = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
-    else:
-        moved = {k: v.to(device) for k, v in batch.items()}
-    inputs: dict[str, Any] = {"input_ids": moved["input_ids"]}
-    if key_mask or "segment_ids" in batch or not _right_padded(batch["key_mask"]):
-        inputs["key_mask"] = moved["key_mask"]
-    if "segment_ids" in moved:
-        inputs["segment_ids"] = moved["segment_ids"]
-    loss_mask = None if bool(batch["loss_mask"].all()) else moved["loss_mask"]
-    return {"inputs": inputs, "targets": moved["targets"], "loss_mask": loss_mask}
-
-
-def _right_padded(key_mask: torch.Tensor) -> bool:
-    """True when no real token follows a pad in any row of ``key_mask [B, T]`` (host tensor);
-    an all-True mask counts."""
-    return bool((key_mask[:, 1:] <= key_mask[:, :-1]).all())
 
 
 @torch.no_grad()

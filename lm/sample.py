@@ -26,9 +26,9 @@ import hashlib
 
 import torch
 
-from lm.cache import KVCache
-from lm.model import TransformerLM
-from lm.runtime import compile_model
+from lm.model.cache import KVCache
+from lm.model.transformer import TransformerLM
+from lm.runtime.device import compile_model
 
 DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"
 
@@ -117,7 +117,7 @@ def generate(
         with autocast:
             if use_cache and end <= C:
                 if cache is None:  # the prompt: capacity for every slot up to the context
-                    cache = KVCache(model, B, min(C, S + max_new_tokens), cache_dtype)
+                    cache = model.new_cache(B, min(C, S + max_new_tokens), cache_dtype)
                     logits = model(ids[:, :end], key_mask=mask[:, :end], cache=cache)
                 else:  # one new token: fixed shapes, whatever the step
                     logits = step_model(

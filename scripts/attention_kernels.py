@@ -22,8 +22,8 @@ import time
 import torch
 
 from lm.cli import positive_int
-from lm.config import ModelConfig
-from lm.model import TransformerLM, loss_sum
+from lm.config.sections import ModelConfig
+from lm.model.transformer import TransformerLM, loss_sum
 
 # (label, position, sequence length, batch, documents per window: 0 = one, no document mask)
 CASES = [

@@ -40,17 +40,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lm.batches import TrainBatches
 from lm.cli import positive_int
-from lm.config import DataConfig, ModelConfig, TrainConfig
-from lm.data import TokenizedSplit, prepare_data
-from lm.distributed import World
-from lm.model import TransformerLM
-from lm.optim import build_optimizer
-from lm.position import POSITIONS
-from lm.runtime import autocast_context, compile_model, resolve_device, retain_freed_host_memory
+from lm.config.names import POSITIONS
+from lm.config.sections import DataConfig, ModelConfig, TrainConfig
+from lm.data.batches import TrainBatches
+from lm.data.sources import TokenizedSplit, prepare_data
+from lm.model.transformer import TransformerLM
+from lm.runtime.device import autocast_context, compile_model, resolve_device
+from lm.runtime.distributed import World
+from lm.runtime.host import retain_freed_host_memory
 from lm.sample import generate
-from lm.step import Stepper
+from lm.train.optim import build_optimizer
+from lm.train.step import Stepper
 
 # name: (model shape, sequences per step)
 SHAPES: dict[str, tuple[dict, int]] = {

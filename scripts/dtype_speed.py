@@ -21,15 +21,16 @@ import time
 import numpy as np
 import torch
 
-from lm.batches import TrainBatches
 from lm.cli import positive_int
-from lm.config import DataConfig, ModelConfig, TrainConfig
-from lm.data import TokenizedSplit
-from lm.distributed import World
-from lm.model import TransformerLM
-from lm.optim import build_optimizer
-from lm.runtime import autocast_context, cpu_bf16_kind, resolve_dtype, retain_freed_host_memory
-from lm.step import Stepper
+from lm.config.sections import DataConfig, ModelConfig, TrainConfig
+from lm.data.batches import TrainBatches
+from lm.data.sources import TokenizedSplit
+from lm.model.transformer import TransformerLM
+from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
+from lm.runtime.distributed import World
+from lm.runtime.host import retain_freed_host_memory
+from lm.train.optim import build_optimizer
+from lm.train.step import Stepper
 
 VOCAB = 65  # Tiny Shakespeare's characters
 

@@ -25,8 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lm.checkpoint import checkpoint_name
-from lm.config import load_config
+from lm.config.load import load_config
+from lm.runs.checkpoint import checkpoint_name
 
 LENGTHS = "64,96,128,192,256,512"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "extrapolation_pi.yaml"

@@ -78,7 +78,7 @@ def in_process(args: argparse.Namespace) -> int:
     import torch
     from bench import Training  # scripts/bench.py: lm's own training step, timed
 
-    from lm.runtime import retain_freed_host_memory
+    from lm.runtime.host import retain_freed_host_memory
 
     sys.path.insert(0, str(args.nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's model.py, from the user's checkout

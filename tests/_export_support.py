@@ -9,11 +9,11 @@ from typing import Any
 import torch
 from _support import tiny_config
 
-from lm.checkpoint import save_checkpoint
-from lm.config import save_config
-from lm.model import TransformerLM
-from lm.runs import CONFIG, TOKENIZER
-from lm.tokenizer import TextTokenizer, train_tokenizer
+from lm.config.load import save_config
+from lm.data.tokenizer import TextTokenizer, train_tokenizer
+from lm.model.transformer import TransformerLM
+from lm.runs.checkpoint import save_checkpoint
+from lm.runs.directory import CONFIG, TOKENIZER
 
 TEXT = (
     "def f(x):\n    return x + 1\n\nThe for statement iterates over the items of any sequence.\n"

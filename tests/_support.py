@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-import lm.step
-from lm.batches import TrainBatches
-from lm.config import Config, LMError, config_from_dict, merge
-from lm.model import loss_sum
-from lm.runtime import autocast_context
+import lm.train.step
+from lm.config.errors import LMError
+from lm.config.load import config_from_dict, merge
+from lm.config.sections import Config
+from lm.data.batches import TrainBatches
+from lm.model.transformer import loss_sum
+from lm.runtime.device import autocast_context
 
 TINY: dict[str, dict[str, Any]] = {
     "model": {"context_length": 32, "n_layer": 2, "n_head": 2, "d_model": 32},
@@ -63,7 +65,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     """The newest checkpoint's weights."""
     from safetensors.torch import load_file
 
-    from lm.checkpoint import latest_checkpoint
+    from lm.runs.checkpoint import latest_checkpoint
 
     return load_file(str(latest_checkpoint(run_dir) / "model.safetensors"))
 
@@ -117,7 +119,7 @@ def nan_loss_at_step(step: int) -> Iterator[None]:
     """While open, the training loss of optimizer step ``step`` (0-based) is NaN, and through it
     the step's gradients, as in a diverging run. Patched from outside, in this process."""
     current = {"step": -1}
-    batches_of, loss_sum = TrainBatches.step, lm.step.loss_sum
+    batches_of, loss_sum = TrainBatches.step, lm.train.step.loss_sum
 
     def step_batches(self: TrainBatches, i: int) -> Any:
         current["step"] = i
@@ -129,7 +131,7 @@ def nan_loss_at_step(step: int) -> Iterator[None]:
 
     with (
         mock.patch.object(TrainBatches, "step", step_batches),
-        mock.patch.object(lm.step, "loss_sum", poisoned_loss_sum),
+        mock.patch.object(lm.train.step, "loss_sum", poisoned_loss_sum),
     ):
         yield
 
@@ -205,8 +207,8 @@ def assert_padding_is_invisible(model, seqs, T: int, pad: int = 0) -> None:
 
 def attention_layer(d_model: int, n_head: int, **model: Any):
     """One attention layer on its own, built from a model config: ``(layer, config)``."""
-    from lm.attention import MultiHeadAttention
-    from lm.config import ModelConfig
+    from lm.config.sections import ModelConfig
+    from lm.model.attention import MultiHeadAttention
 
     config = ModelConfig(d_model=d_model, n_head=n_head, **model)
     return MultiHeadAttention(config), config
@@ -218,7 +220,7 @@ def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, *
     ``positions`` places the tokens elsewhere than the masks say."""
     import dataclasses
 
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
 
     ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
     plan = build_plan(

@@ -16,10 +16,10 @@ import signal
 import sys
 from typing import Any
 
-import lm.checkpoint
-import lm.train
-from lm.batches import TrainBatches
+import lm.runs.checkpoint
+import lm.train.loop
 from lm.cli import main
+from lm.data.batches import TrainBatches
 
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -31,7 +31,7 @@ def failing_write(*args: Any, **kwargs: Any) -> Any:
 if __name__ == "__main__":
     fault = sys.argv[1]
     if fault == "write-fails-on-rank0" and RANK == 0:
-        lm.checkpoint.save_file = failing_write
+        lm.runs.checkpoint.save_file = failing_write
     elif fault == "signal-on-rank1" and RANK == 1:
         step_of = TrainBatches.step
 
@@ -42,7 +42,7 @@ if __name__ == "__main__":
 
         TrainBatches.step = step
     elif fault == "no-checkpoint-on-rank1" and RANK == 1:
-        lm.train.latest_checkpoint = lambda run_dir: None
+        lm.train.loop.latest_checkpoint = lambda run_dir: None
     elif fault not in ("write-fails-on-rank0", "signal-on-rank1", "no-checkpoint-on-rank1"):
         sys.exit(f"unknown fault {fault!r}")
     sys.exit(main(sys.argv[2:]))

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import lm.checkpoint
+import lm.runs.checkpoint
 from lm.cli import main
 
 
@@ -25,6 +25,6 @@ def slowed(write: Callable[..., Any], delay: float) -> Callable[..., Any]:
 if __name__ == "__main__":
     delay = float(sys.argv[1])
     # The weights file and the optimizer file of a checkpoint, before its state.json.
-    lm.checkpoint.save_model = slowed(lm.checkpoint.save_model, delay)
-    lm.checkpoint.save_file = slowed(lm.checkpoint.save_file, delay)
+    lm.runs.checkpoint.save_model = slowed(lm.runs.checkpoint.save_model, delay)
+    lm.runs.checkpoint.save_file = slowed(lm.runs.checkpoint.save_file, delay)
     sys.exit(main(sys.argv[2:]))

@@ -6,7 +6,8 @@ import pytest
 import torch
 from _support import attention_layer, self_attend
 
-from lm.kernels import attention, causal_mask
+from lm.model.kernels import attention
+from lm.model.masks import causal_mask
 
 
 @pytest.fixture(autouse=True)
@@ -131,8 +132,8 @@ def _masks(B, L):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal):
     torch.manual_seed(1)
-    fused, cfg = attention_layer(16, 4, position=position, attention="sdpa")
-    explicit, explicit_cfg = attention_layer(16, 4, position=position, attention="math")
+    fused, cfg = attention_layer(16, 4, position=position, kernel="sdpa")
+    explicit, explicit_cfg = attention_layer(16, 4, position=position, kernel="math")
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(2, 7, 16)
     for key_mask in (None, _masks(2, 7)):
@@ -152,8 +153,8 @@ def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal)
 )
 def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
     torch.manual_seed(1)
-    fused, cfg = attention_layer(16, 4, position="rope", attention="sdpa", **rope)
-    explicit, explicit_cfg = attention_layer(16, 4, position="rope", attention="math", **rope)
+    fused, cfg = attention_layer(16, 4, position="rope", kernel="sdpa", **rope)
+    explicit, explicit_cfg = attention_layer(16, 4, position="rope", kernel="math", **rope)
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(2, 7, 16)
     for key_mask in (None, _masks(2, 7)):
@@ -163,15 +164,15 @@ def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
 
 
 def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
-    from lm.kernels import softmax_rows
-    from lm.plan import build_plan
+    from lm.model.kernels import softmax_rows
+    from lm.model.plan import build_plan
 
     torch.manual_seed(0)
-    mha, cfg = attention_layer(8, 2, position="none", attention="math")
+    mha, cfg = attention_layer(8, 2, position="none", kernel="math")
     x = torch.randn(2, 5, 8)
     key_mask = _masks(2, 5)
     plan = build_plan(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask, dtype=x.dtype)
-    w = softmax_rows(mha.scores(x, plan))  # (B, H, T, T)
+    w = softmax_rows(mha.masked_scores(x, plan))  # (B, H, T, T)
     y = self_attend(mha, cfg, x, key_mask=key_mask)
     assert (w[0, :, :, :3] == 0).all() and (w[1, :, :, -2:] == 0).all()
     assert torch.isfinite(y).all()
@@ -214,8 +215,8 @@ def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(posi
     # FlexAttention gets masks and a score bias (ALiBi's, T5's) as functions of (batch, head,
     # query, key), not as tensors; no grad: on CPU PyTorch's flex runs forward only.
     torch.manual_seed(2)
-    flex, cfg = attention_layer(32, 2, position=position, attention="flex")
-    explicit, explicit_cfg = attention_layer(32, 2, position=position, attention="math")
+    flex, cfg = attention_layer(32, 2, position=position, kernel="flex")
+    explicit, explicit_cfg = attention_layer(32, 2, position=position, kernel="math")
     flex, explicit = flex.float().eval(), explicit.float().eval()
     explicit.load_state_dict(flex.state_dict())
     x = torch.randn(2, 9, 32, dtype=torch.float32)
@@ -231,8 +232,8 @@ def test_flex_trains_on_cpu_through_sdpa_masks_and_equals_them():
     # PyTorch has no FlexAttention backward on CPU: with gradients on, the flex kernel falls back
     # to SDPA's masks, so a training step runs and matches the sdpa kernel exactly.
     torch.manual_seed(3)
-    flex, cfg = attention_layer(32, 2, position="alibi", attention="flex")
-    sdpa, sdpa_cfg = attention_layer(32, 2, position="alibi", attention="sdpa")
+    flex, cfg = attention_layer(32, 2, position="alibi", kernel="flex")
+    sdpa, sdpa_cfg = attention_layer(32, 2, position="alibi", kernel="sdpa")
     flex, sdpa = flex.float(), sdpa.float()
     sdpa.load_state_dict(flex.state_dict())
     x = torch.randn(2, 9, 32, dtype=torch.float32)
@@ -250,12 +251,12 @@ def test_attention_names_no_position_scheme_and_reads_like_the_notes():
     import re
     from pathlib import Path
 
-    import lm.attention
-    from lm.attention import MultiHeadAttention
-    from lm.position import POSITIONS
+    import lm.model.attention
+    from lm.config.names import POSITIONS
+    from lm.model.attention import MultiHeadAttention
 
     texts = []  # every string, name and attribute of the module: its code and docstrings
-    for node in ast.walk(ast.parse(Path(lm.attention.__file__).read_text())):
+    for node in ast.walk(ast.parse(Path(lm.model.attention.__file__).read_text())):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             texts.append(node.value)
         texts += [getattr(node, "id", ""), getattr(node, "attr", "")]

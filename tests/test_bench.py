@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm.config import ModelConfig
-from lm.model import TransformerLM
+from lm.config.sections import ModelConfig
+from lm.model.transformer import TransformerLM
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
 

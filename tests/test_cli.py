@@ -80,7 +80,7 @@ def test_eval_takes_multiples_of_the_context_and_says_what_it_read(trained, caps
 
 def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsys):
     from lm.evaluate import load_evaluated
-    from lm.position import Rope
+    from lm.model.position.rope import RopeAngles
 
     run = trained / "run"
     args = ["--context-lengths", "2x", "--max-batches", "2"]
@@ -110,7 +110,9 @@ def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsy
     trained_model = load_evaluated(run).model
     extended = load_evaluated(run, rope_scaling="yarn:2").model
     assert extended.config.rope_scaling == "yarn:2" and extended.config.context_length == 32
-    assert extended.blocks[0].attn.position.rope == Rope(16, method="yarn", factor=2.0, context=32)
+    assert extended.blocks[0].attn.position.rope == RopeAngles(
+        16, method="yarn", factor=2.0, context=32
+    )
     weights = trained_model.state_dict()
     assert all(torch.equal(t, weights[k]) for k, t in extended.state_dict().items())
     cos = [m.blocks[0].attn.position.cos for m in (extended, trained_model)]

@@ -15,12 +15,12 @@ import torch
 from _support import expect_error, metrics, write_config
 from PIL import Image
 
-from lm.checkpoint import latest_checkpoint
 from lm.cli import main
-from lm.config import ModelConfig
-from lm.diagnostics import draw_attention, score_by_offset
-from lm.model import TransformerLM
-from lm.position import POSITIONS
+from lm.compare.diagnostics import draw_attention, score_by_offset
+from lm.config.names import POSITIONS
+from lm.config.sections import ModelConfig
+from lm.model.transformer import TransformerLM
+from lm.runs.checkpoint import latest_checkpoint
 
 SCHEMES = ("rope", "learned")  # learned has no vector past its trained length: the hard case
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
@@ -234,7 +234,7 @@ def test_a_bad_sweep_is_one_line_exit_2_and_trains_nothing(args, message, tmp_pa
 
 
 def test_a_per_layer_position_is_swept_with_a_readable_label_and_folder(tmp_path):
-    from lm.config import load_config
+    from lm.config.load import load_config
 
     cfg = write_config(tmp_path / "c.yaml", train={"max_steps": 2, "eval_every": 0})
     out = tmp_path / "out"

@@ -9,19 +9,10 @@ from pathlib import Path
 import pytest
 from _support import assert_one_line, tiny_config
 
-from lm.config import (
-    SECTIONS,
-    Config,
-    ConfigError,
-    ModelConfig,
-    TrainConfig,
-    config_diff,
-    flatten,
-    load_config,
-    parse_overrides,
-    save_config,
-)
-from lm.model import TransformerLM
+from lm.config.errors import ConfigError
+from lm.config.load import SECTIONS, config_diff, flatten, load_config, parse_overrides, save_config
+from lm.config.sections import Config, ModelConfig, TrainConfig
+from lm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -53,10 +44,10 @@ def test_model_config_works_from_python():
         ),
         ("model:\n  n_layer: 0\n", "model.n_layer: must be > 0, got 0"),
         ("model:\n  position: xpos\n", "model.position: 'xpos' is not one of rope, sinusoidal"),
-        ("model:\n  attention: flash\n", "model.attention: 'flash' is not one of sdpa, flex, math"),
+        ("model:\n  kernel: flash\n", "model.kernel: 'flash' is not one of sdpa, flex, math"),
         (
-            "model:\n  attention: flex\n  dropout: 0.1\n",
-            "model.attention: flex has no dropout on attention weights",
+            "model:\n  kernel: flex\n  dropout: 0.1\n",
+            "model.kernel: flex has no dropout on attention weights",
         ),
         ("train:\n  lr: fast\n", "train.lr: expected a number, got 'fast'"),
         (

@@ -20,15 +20,14 @@ from _support import (
     tiny_config,
 )
 
-from lm.cache import KVCache
-from lm.checkpoint import complete_checkpoints
-from lm.config import DataConfig, ModelConfig
-from lm.data import TokenizedSplit
+from lm.config.sections import DataConfig, ModelConfig
+from lm.data.sources import TokenizedSplit
 from lm.evaluate import evaluate
-from lm.model import TransformerLM, loss_sum
-from lm.runtime import autocast_context, compile_model
+from lm.model.transformer import TransformerLM, loss_sum
+from lm.runs.checkpoint import complete_checkpoints
+from lm.runtime.device import autocast_context, compile_model
 from lm.sample import generate
-from lm.train import train
+from lm.train.loop import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -60,8 +59,8 @@ def test_fused_attention_equals_the_notes_explicit_attention(dtype, position, ca
     # bf16 is where CUDA picks the flash and memory-efficient kernels; the reference is the
     # explicit softmax in fp32 on the same (bf16-rounded) weights and inputs.
     torch.manual_seed(1)
-    fused, cfg = attention_layer(64, 4, position=position, attention="sdpa")
-    explicit, explicit_cfg = attention_layer(64, 4, position=position, attention="math")
+    fused, cfg = attention_layer(64, 4, position=position, kernel="sdpa")
+    explicit, explicit_cfg = attention_layer(64, 4, position=position, kernel="math")
     fused, explicit = fused.to(CUDA, dtype), explicit.to(CUDA)
     explicit.load_state_dict({k: v.float() for k, v in fused.state_dict().items()})
     x = torch.randn(3, 40, 64, device=CUDA).to(dtype)
@@ -111,7 +110,7 @@ def test_kv_cache_decoding_equals_recomputation(position):
     ids = torch.randint(1, 30, (2, 10), device=CUDA)
     with torch.no_grad():
         full = model(ids)
-        cache = KVCache(model, 2, 12)
+        cache = model.new_cache(2, 12)
         steps = [model(ids[:, :4], cache=cache)]
         steps += [model(ids[:, t : t + 1], cache=cache) for t in range(4, 10)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-4)
@@ -152,7 +151,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
 ):
     # Compiled for a GPU, the sdpa kernel sends document masks and ALiBi to FlexAttention (no
     # T x T mask tensor); loss and gradients equal the eager model's SDPA-with-a-mask.
-    import lm.plan
+    import lm.model.plan
 
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
     torch.manual_seed(0)
@@ -163,7 +162,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
     ids = torch.randint(0, cfg.vocab_size, (3, L + 1), device=CUDA)
     segments = (torch.arange(L, device=CUDA) >= L // 3).long().expand(3, -1).contiguous()
     losses = [loss_sum(eager(ids[:, :-1], segment_ids=segments), ids[:, 1:])]
-    monkeypatch.setattr(lm.plan, "_allowed", None)  # a T x T mask tensor would fail here
+    monkeypatch.setattr(lm.model.plan, "allowed_keys", None)  # a T x T mask tensor would fail here
     compiled = compile_model(twin, CUDA)
     losses.append(loss_sum(compiled(ids[:, :-1], segment_ids=segments), ids[:, 1:]))
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)

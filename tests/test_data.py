@@ -10,9 +10,10 @@ import pytest
 import torch
 from _support import assert_one_line
 
-from lm.batches import PaddedCollator, TrainBatches, eval_batches
-from lm.config import ConfigError, DataConfig, DataError
-from lm.data import TokenizedSplit, prepare_data
+from lm.config.errors import ConfigError, DataError
+from lm.config.sections import DataConfig
+from lm.data.batches import PaddedCollator, TrainBatches, eval_batches
+from lm.data.sources import TokenizedSplit, prepare_data
 
 
 def quiet(message):

@@ -21,12 +21,14 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm.cli import main
-from lm.config import ModelConfig
-from lm.hf import TARGETS, mpt_slopes
-from lm.position import POSITIONS, alibi_slopes, positions_from_mask
-from lm.runs import load_run
+from lm.config.names import POSITIONS
+from lm.config.sections import ModelConfig
+from lm.data.tokenizer import train_tokenizer
+from lm.hf.weights import TARGETS, mpt_slopes
+from lm.model.masks import positions_from_mask
+from lm.model.position.biases import alibi_slopes
+from lm.runs.load import load_run
 from lm.sample import generate
-from lm.tokenizer import train_tokenizer
 
 ARCHITECTURES = {
     "gpt_neox": "GPTNeoXForCausalLM",
@@ -210,7 +212,7 @@ def case(refusal: str | None = None, **model: Any) -> tuple[dict[str, Any], str 
 
 EVERY_SETTING = {
     "rope-shape": case(position="rope", **SHAPE, n_head=4, rope_base=500.0),
-    "rope-layers": case(position="rope", n_layer=1, attention="math"),
+    "rope-layers": case(position="rope", n_layer=1, kernel="math"),
     "rope-pi": case(position="rope", rope_scaling="pi:4"),
     "rope-pi-factor-1": case(position="rope", rope_scaling="pi:1"),
     "rope-ntk": case(position="rope", rope_scaling="ntk:2"),
@@ -248,7 +250,7 @@ EVERY_SETTING = {
     "learned": case(position="learned", **SHAPE, n_head=4, context_length=32),
     "sinusoidal": case(position="sinusoidal", **SHAPE, n_head=4),
     "sinusoidal-unscaled": case(position="sinusoidal", scale_embeddings=False),
-    "none": case(position="none", **SHAPE, attention="math"),
+    "none": case(position="none", **SHAPE, kernel="math"),
     "alibi": case(
         position="alibi", tie_embeddings=False, n_head=4, dropout=0.1, norm_eps=1e-6, n_layer=1
     ),
@@ -320,7 +322,7 @@ def test_every_setting_of_every_scheme_exports_exactly_or_is_refused(
 
 def test_rope_settings_are_written_where_transformers_reads_them(tmp_path):
     """The rope_parameters of each setting, and the keys transformers 4 reads instead."""
-    from lm.position import ntk_base
+    from lm.model.position.rope import ntk_base
 
     cases = {
         "pi:4": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
@@ -454,10 +456,11 @@ def test_export_refuses_bad_input(tmp_path, capsys):
 
 
 def test_a_scheme_no_architecture_computes_is_refused_naming_it(tmp_path, capsys, monkeypatch):
-    import lm.hf
+    import lm.hf.weights
 
     run_dir = untrained_run(tmp_path, position="alibi")
-    monkeypatch.setattr(lm.hf, "TARGETS", {k: v for k, v in TARGETS.items() if k != "alibi"})
+    targets = {k: v for k, v in TARGETS.items() if k != "alibi"}
+    monkeypatch.setattr(lm.hf.weights, "TARGETS", targets)
     refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], "alibi", "exports")
     nothing_written(tmp_path, "hf")
 

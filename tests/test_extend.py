@@ -12,8 +12,8 @@ import torch
 from _support import expect_error, losses, metrics, nan_loss_at_step, write_config
 from safetensors.torch import load_file
 
-from lm.checkpoint import latest_checkpoint
 from lm.cli import main
+from lm.runs.checkpoint import latest_checkpoint
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:

@@ -16,10 +16,11 @@ import torch
 from _support import losses, metrics, nan_loss_at_step, tiny_config, write_config
 from safetensors.torch import load_file
 
-import lm.checkpoint
-from lm.checkpoint import CHECKPOINTS, complete_checkpoints, latest_checkpoint
-from lm.runs import LOCK, RunLocked, load_run
-from lm.train import train
+import lm.runs.checkpoint
+from lm.runs.checkpoint import CHECKPOINTS, complete_checkpoints, latest_checkpoint
+from lm.runs.directory import LOCK, RunLocked
+from lm.runs.load import load_run
+from lm.train.loop import train
 
 KILL_TRAIN = {"max_steps": 48, "checkpoint_every": 4, "eval_every": 24, "log_every": 1}
 SLOW_LAUNCHER = Path(__file__).parent / "slow_launcher.py"
@@ -140,7 +141,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_the_same_curve(referenc
     ids=["disk-full", "permission-denied"],
 )
 def test_a_failing_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch, error):
-    real = lm.checkpoint.save_file
+    real = lm.runs.checkpoint.save_file
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -149,7 +150,7 @@ def test_a_failing_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch
             raise error
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lm.checkpoint, "save_file", flaky)
+    monkeypatch.setattr(lm.runs.checkpoint, "save_file", flaky)
     cfg = tiny_config(train={"max_steps": 20, "checkpoint_every": 5, "eval_every": 20})
     result = train(cfg, tmp_path / "stop", quiet=True)
     assert result.status == "checkpoint_failed" and result.step == 10

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lm.cli import main
-from lm.config import SECTIONS, Config, ConfigError, config_from_dict, load_config
+from lm.config.errors import ConfigError
+from lm.config.load import SECTIONS, config_from_dict, load_config
+from lm.config.sections import Config
 
 NAMES = [f.name for cls in SECTIONS.values() for f in fields(cls)]
 DOTTED = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in fields(cls)]

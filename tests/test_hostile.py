@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from _support import expect_error, train_via_cli
 
-from lm.checkpoint import latest_checkpoint
 from lm.cli import main
+from lm.runs.checkpoint import latest_checkpoint
 
 MARKER = Path("/tmp/lm-test-pwned")
 

@@ -15,9 +15,9 @@ import torch
 import yaml
 from _support import assert_same_weights, losses, metrics, write_config
 
-from lm.checkpoint import latest_checkpoint
 from lm.cli import main
-from lm.jobs import Job, job_threads
+from lm.compare.jobs import Job, job_threads
+from lm.runs.checkpoint import latest_checkpoint
 
 SCHEMES = ("rope", "alibi", "learned")
 

@@ -10,7 +10,7 @@ import torch
 from _export_support import untrained_run
 
 from lm.cli import main
-from lm.runs import load_run
+from lm.runs.load import load_run
 
 DOCS = [
     {"context": "def f(x):\n    return", "continuation": " x + 1"},

@@ -7,9 +7,10 @@ import pytest
 import torch
 from _support import assert_padding_is_invisible
 
-from lm.config import ModelConfig
-from lm.model import TransformerLM
-from lm.position import POSITIONS, PositionOutOfRange
+from lm.config.names import POSITIONS
+from lm.config.sections import ModelConfig
+from lm.model.position.base import PositionOutOfRange
+from lm.model.transformer import TransformerLM
 
 # Per-layer hybrids of the two layers of tiny(): NoPE above RoPE, and two schemes that each
 # share one bias across their layers in the same model.
@@ -39,16 +40,16 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
 @pytest.mark.parametrize("position", EVERY, ids=str)
 @pytest.mark.parametrize("kernel", ["sdpa", "math"])
 def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel):
-    model = tiny(position, attention=kernel)
+    model = tiny(position, kernel=kernel)
     seqs = [torch.randint(1, 37, (n,)) for n in (9, 4, 6)]
     assert_padding_is_invisible(model, seqs, T=11, pad=0)
 
 
 @pytest.mark.parametrize("position", EVERY, ids=str)
 def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position):
-    from lm.batches import PaddedCollator
+    from lm.data.batches import PaddedCollator
     from lm.evaluate import model_inputs
-    from lm.model import loss_sum
+    from lm.model.transformer import loss_sum
 
     model = tiny(position)
     seqs = [torch.randint(1, 37, (n,)).tolist() for n in (12, 5, 8)]
@@ -86,20 +87,23 @@ def test_document_segments_equal_separate_documents(position):
 
 
 def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
-    from lm.position import Alibi, Rotary, Scheme, T5Bias
+    from lm.model.position.base import NoPosition
+    from lm.model.position.biases import T5, ALiBi
+    from lm.model.position.rope import RoPE
 
     model = tiny(["rope", "none", "t5", "alibi", "t5"], n_layer=5)
     parts = [type(block.attn.position) for block in model.blocks]
-    assert parts == [Rotary, Scheme, T5Bias, Alibi, T5Bias]
+    assert parts == [RoPE, NoPosition, T5, ALiBi, T5]
     assert [n for n, _ in model.named_parameters() if ".position." in n] == [
         "blocks.2.attn.position.table"  # the first t5 layer holds the one table
     ]
     plan = model.plan(torch.zeros(1, 6, dtype=torch.long), kernel="math")
     alibi, t5 = model.blocks[3].attn.position, model.blocks[2].attn.position
     for i, own in ((2, t5), (3, alibi), (4, t5)):  # one bias of each scheme, side by side
-        torch.testing.assert_close(model.blocks[i].attn.position.bias(plan), own.bias(plan))
-    assert not torch.equal(alibi.bias(plan), t5.bias(plan))
-    assert model.blocks[0].attn.position.bias(plan) is None and plan.rotation is not None
+        layer = model.blocks[i].attn.position
+        torch.testing.assert_close(layer.additive_mask(plan), own.additive_mask(plan))
+    assert not torch.equal(alibi.additive_mask(plan), t5.additive_mask(plan))
+    assert model.blocks[0].attn.position.additive_mask(plan) is None and plan.rotation is not None
 
 
 def test_tied_head_gpt2_init_and_parameter_count():
@@ -126,7 +130,7 @@ def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend(
 
 def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
     model = tiny("sinusoidal", n_layer=1)
-    from lm.position import sinusoidal_table
+    from lm.model.position.embeddings import sinusoidal_table
 
     torch.testing.assert_close(model.pos_embed.table, sinusoidal_table(16, 16))
 
@@ -135,17 +139,21 @@ def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
 def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_path(
     position, monkeypatch
 ):
-    import lm.plan
-    from lm.position import Alibi
+    import lm.model.masks
+    import lm.model.plan
+    from lm.model.position.biases import ALiBi
 
     fused = tiny(position, n_layer=3)
-    explicit = tiny(position, n_layer=3, attention="math")
+    explicit = tiny(position, n_layer=3, kernel="math")
     ids = torch.randint(1, 37, (2, 10))
     key_mask = torch.ones(2, 10, dtype=torch.bool)
     key_mask[1, :3] = False  # left padding
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
-    calls = {"alibi_bias": 0, "_allowed": 0}
-    for owner, name, counter in ((Alibi, "score", "alibi_bias"), (lm.plan, "_allowed", "_allowed")):
+    calls = {"alibi_bias": 0, "allowed_keys": 0}
+    for owner, name, counter in (
+        (ALiBi, "bias_at", "alibi_bias"),
+        (lm.model.plan, "allowed_keys", "allowed_keys"),
+    ):
         real = getattr(owner, name)
 
         def counted(*args, _real=real, _name=counter, **kw):
@@ -155,7 +163,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
         monkeypatch.setattr(owner, name, counted)
     with torch.no_grad():
         a = fused(ids, key_mask=key_mask, segment_ids=segments)
-        assert calls == {"alibi_bias": int(position == "alibi"), "_allowed": 1}  # not per layer
+        assert calls == {"alibi_bias": int(position == "alibi"), "allowed_keys": 1}  # not per layer
         b = explicit(ids, key_mask=key_mask, segment_ids=segments)
     real = key_mask  # pads' outputs are unspecified
     torch.testing.assert_close(a[real], b[real], atol=2e-5, rtol=1e-4)
@@ -165,17 +173,20 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
 def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_path(
     position, monkeypatch
 ):
-    import lm.plan
+    import lm.model.masks
+    import lm.model.plan
 
-    flex = tiny(position, n_layer=3, attention="flex")
-    explicit = tiny(position, n_layer=3, attention="math")
+    flex = tiny(position, n_layer=3, kernel="flex")
+    explicit = tiny(position, n_layer=3, kernel="math")
     ids = torch.randint(1, 37, (2, 10))
     key_mask = torch.ones(2, 10, dtype=torch.bool)
     key_mask[1, :3] = False  # left padding
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
-    built, real_parts = [], lm.plan.create_block_mask
-    monkeypatch.setattr(lm.plan, "create_block_mask", lambda *a: built.append(1) or real_parts(*a))
-    monkeypatch.setattr(lm.plan, "_allowed", None)  # no T x T mask tensor may be made
+    built, real_parts = [], lm.model.masks.create_block_mask
+    monkeypatch.setattr(
+        lm.model.masks, "create_block_mask", lambda *a: built.append(1) or real_parts(*a)
+    )
+    monkeypatch.setattr(lm.model.plan, "allowed_keys", None)  # no T x T mask tensor may be made
     with torch.no_grad():
         a = flex(ids, key_mask=key_mask, segment_ids=segments)
         assert len(built) == 1  # shared by the three layers
@@ -211,7 +222,7 @@ def test_a_run_saved_before_the_plan_loads_and_gives_its_logits(position):
     # Tiny runs trained by lm at 800e6a4, before the forward pass took its shape of position
     # parts and one plan per pass (state dict names, configs without the newer keys), with the
     # logits that code gave on two fixed windows.
-    from lm.runs import load_run
+    from lm.runs.load import load_run
 
     run = load_run(BEFORE / position)
     expected = json.loads((BEFORE / "logits.json").read_text())[position]

@@ -17,7 +17,7 @@ from _export_support import untrained_run
 from _support import expect_error, train_via_cli, write_config
 
 from lm.cli import _read_prompts, main
-from lm.config import load_config
+from lm.config.load import load_config
 
 
 @pytest.fixture(scope="module")
@@ -229,12 +229,12 @@ def test_report_only_compare_keeps_another_sweeps_report(run, tmp_path, monkeypa
 
 
 def test_ctrl_c_in_compare_says_what_was_saved(tmp_path, capsys):
-    from lm.train import TrainResult
+    from lm.train.loop import TrainResult
 
     cfg = write_config(tmp_path / "c.yaml")
     stopped = TrainResult(tmp_path, 6, "interrupted", None, None, 1.0)
     argv = ["compare", str(cfg), "--vary", "model.position=rope", "--out", str(tmp_path / "s")]
-    with mock.patch("lm.sweep.train", return_value=stopped):
+    with mock.patch("lm.compare.sweep.train", return_value=stopped):
         assert main([*argv, "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "checkpoint at step 6" in err and "resumes" in err, err
@@ -246,7 +246,7 @@ def test_version():
 
 
 def test_settings_that_do_not_apply_get_a_note(run, tmp_path, capsys):
-    from lm.data import ignored_settings
+    from lm.data.sources import ignored_settings
 
     cfg = load_config(None, ["data.tokenizer=char", "data.vocab_size=100", "data.split=test"])
     notes = ignored_settings(cfg.data)

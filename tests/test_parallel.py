@@ -16,13 +16,13 @@ from _support import assert_one_line, expect_error, losses, tiny_config, write_c
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lm.batches import eval_batches
-from lm.checkpoint import latest_checkpoint
 from lm.cli import main
-from lm.config import ConfigError
-from lm.data import prepare_data
-from lm.runs import load_run
-from lm.train import train
+from lm.config.errors import ConfigError
+from lm.data.batches import eval_batches
+from lm.data.sources import prepare_data
+from lm.runs.checkpoint import latest_checkpoint
+from lm.runs.load import load_run
+from lm.train.loop import train
 
 # Several micro-batches a step (FSDP's gradient sync skipped on all but the last) and a clip
 # that bites (the tiny model's gradient norm is above 0.5 from the start).

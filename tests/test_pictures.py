@@ -11,9 +11,9 @@ import pytest
 from _support import tiny_config
 from test_report import result
 
-from lm import plots
-from lm.report import labels, render
-from lm.tokenizer import train_tokenizer
+from lm.compare import plots
+from lm.compare.report import labels, render
+from lm.data.tokenizer import train_tokenizer
 
 MEASURED = {"final_val_loss": 3.0, "best_val_loss": 2.9, "tokens_per_s": 100.0, "wall_s": 5.0}
 
@@ -96,7 +96,7 @@ def test_report_wording_fits_any_sweep():
 
 
 def test_a_numeric_sweep_names_its_key_in_the_legend(tmp_path):
-    from lm.report import _draw, _Grouping
+    from lm.compare.report import _draw, _Grouping
 
     a = _result()
     drawn = {}
@@ -122,7 +122,7 @@ def test_the_report_says_when_the_prompt_became_unk():
 
 
 def test_byte_tokens_show_their_bytes():
-    from lm.diagnostics import token_text
+    from lm.compare.diagnostics import token_text
 
     tok = train_tokenizer("byte", [])
     assert [token_text(tok, i) for i in tok.encode("aé")] == ["a", "\\xc3", "\\xa9"]
@@ -136,7 +136,7 @@ def test_positions_names_what_it_plots(tmp_path, position):
 
     from _support import train_via_cli
 
-    from lm.diagnostics import score_by_offset
+    from lm.compare.diagnostics import score_by_offset
 
     run = train_via_cli(tmp_path, max_steps=2) if position == "rope" else None
     if run is None:
@@ -163,9 +163,9 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
     import numpy as np
     import torch
 
-    from lm.config import ModelConfig
-    from lm.diagnostics import bias_by_distance
-    from lm.model import TransformerLM
+    from lm.compare.diagnostics import bias_by_distance
+    from lm.config.sections import ModelConfig
+    from lm.model.transformer import TransformerLM
 
     def model(position: str) -> TransformerLM:
         config = dict(vocab_size=10, context_length=8, n_layer=2, n_head=2, d_model=8)
@@ -193,14 +193,14 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
     fire = model("fire")  # its own function of the distance, for a query at position 5
     for i, layer in bias_by_distance(fire, 6).items():
         part = fire.blocks[i].attn.position
-        expected = part.score(torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6))
+        expected = part.bias_at(torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6))
         np.testing.assert_allclose(layer, expected.detach().numpy(), rtol=1e-5)
 
 
 def test_drawing_prints_no_warning(tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     code = (
-        "from lm import plots; import numpy as np;"
+        "from lm.compare import plots; import numpy as np;"
         f"plots.loss_curves({{'t': {{}}, 'v': {{'a': [([1], [2.0])]}}}}, 'step', r'{a}');"
         f"plots.attention_maps(np.ones((1, 3, 3)), ['\\xc3', ' ', '\\n'], ['h'], r'{b}')"
     )
@@ -209,6 +209,6 @@ def test_drawing_prints_no_warning(tmp_path):
 
 
 def test_up_to_twenty_groups_get_twenty_colours():
-    from lm.plots import _colours
+    from lm.compare.plots import _colours
 
     assert len(set(_colours(20))) == 20

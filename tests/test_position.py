@@ -7,29 +7,22 @@ import pytest
 import torch
 from _support import attention_layer, self_attend
 
-from lm.config import ModelConfig
-from lm.position import (
-    Alibi,
-    Fire,
-    Kerple,
-    Rope,
-    Rotary,
-    T5Bias,
-    alibi_slopes,
+from lm.config.sections import ModelConfig
+from lm.model.masks import positions_from_mask, positions_from_segments, random_positions
+from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi, alibi_slopes, t5_bucket
+from lm.model.position.embeddings import sinusoidal_table
+from lm.model.position.rope import (
+    RoPE,
+    RopeAngles,
     ntk_base,
-    positions_from_mask,
-    positions_from_segments,
-    random_positions,
     rope_frequencies,
     rotate_pairs,
-    sinusoidal_table,
-    t5_bucket,
     yarn_attention_factor,
     yarn_frequencies,
 )
 
 
-def apply(rope: Rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def apply(rope: RopeAngles, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """``rope`` on queries or keys ``x [..., L, d_k]`` at positions ``[L]`` or ``[B, L]``."""
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     return rotate_pairs(x, *rope.cos_sin(positions, dtype))
@@ -37,7 +30,7 @@ def apply(rope: Rope, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The notes' RoPE."""
-    return apply(Rope(x.shape[-1]), x, positions)
+    return apply(RopeAngles(x.shape[-1]), x, positions)
 
 
 def test_sinusoid_table_matches_the_formula():
@@ -92,7 +85,7 @@ def test_rope_batch_positions_match_per_row_positions():
 
 def test_rope_is_applied_to_queries_and_keys_not_values():
     torch.manual_seed(0)
-    mha, cfg = attention_layer(8, 1, position="rope", attention="math")
+    mha, cfg = attention_layer(8, 1, position="rope", kernel="math")
     x = torch.randn(1, 1, 8)
     # One token attends only to itself: weight 1, so the output is W_O v whatever the rotation.
     y = self_attend(mha, cfg, x, positions=torch.tensor([37]))
@@ -101,14 +94,14 @@ def test_rope_is_applied_to_queries_and_keys_not_values():
 
 
 def test_alibi_slopes_and_bias():
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
 
     torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     assert alibi_slopes(6).shape == (6,)
     cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
     plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
-    part = Alibi(cfg)
-    b = part.bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
+    part = ALiBi(cfg)
+    b = part.additive_mask(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
 
@@ -125,21 +118,21 @@ def test_t5_buckets_are_exact_then_logarithmic_up_to_the_max_distance():
 
 
 def test_t5_bias_is_each_heads_learned_scalar_of_the_distance_bucket():
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
 
     cfg = ModelConfig(d_model=8, n_head=2, position="t5", t5_buckets=8, t5_max_distance=20)
-    part = T5Bias(cfg)
+    part = T5(cfg)
     with torch.no_grad():  # b_h[bucket] = 100 h + bucket: each entry names where it came from
         part.table.copy_(100 * torch.arange(2.0)[:, None] + torch.arange(8.0))
     plan = build_plan(cfg, torch.zeros(1, 30, dtype=torch.long), kernel="math")
-    b = part.bias(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
+    b = part.additive_mask(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
     assert b[0, 0, 29, 29] == 0 and b[0, 1, 29, 29] == 100  # distance 0
     assert b[0, 0, 29, 26] == 3 and b[0, 1, 29, 20] == 106 and b[0, 0, 29, 0] == 7  # 3, 9, 29
     assert torch.isinf(b[0, :, 0, 1]).all()  # a future key stays blocked
 
 
 def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
-    from lm.model import TransformerLM
+    from lm.model.transformer import TransformerLM
 
     cfg = dict(vocab_size=20, context_length=16, n_layer=3, n_head=2, d_model=16)
     model = TransformerLM(ModelConfig(**cfg, position="t5"))
@@ -147,31 +140,31 @@ def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
     assert tables == ["blocks.0.attn.position.table"]  # one table [heads, buckets]
     assert model.num_parameters() == TransformerLM(ModelConfig(**cfg)).num_parameters() + 2 * 32
     calls = []
-    real = T5Bias.score
-    monkeypatch.setattr(T5Bias, "score", lambda *a: calls.append(1) or real(*a))
+    real = T5.bias_at
+    monkeypatch.setattr(T5, "bias_at", lambda *a: calls.append(1) or real(*a))
     model(torch.randint(0, 20, (2, 9))).sum().backward()
     assert len(calls) == 1  # built once, read by the three layers
     assert model.blocks[0].attn.position.table.grad.abs().sum() > 0
 
 
 def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
-    from lm.model import TransformerLM
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
+    from lm.model.transformer import TransformerLM
 
     cfg = ModelConfig(vocab_size=20, d_model=8, n_layer=2, n_head=2, position="kerple")
-    part = Kerple(cfg)
+    part = KERPLE(cfg)
     with torch.no_grad():
         part.r1.copy_(torch.tensor([1.0, 2.0]))
         part.r2.copy_(torch.tensor([0.5, 1.0]))
     plan = build_plan(cfg, torch.zeros(1, 4, dtype=torch.long), kernel="math")
-    b = part.bias(part.prepare(plan))  # (1, H, 4, 4)
+    b = part.additive_mask(part.prepare(plan))  # (1, H, 4, 4)
     # distance 2: head 0 -1 log(1 + 0.5 * 2) = -log 2, head 1 -2 log(1 + 2) = -2 log 3
     torch.testing.assert_close(b[0, :, 3, 1], torch.tensor([-math.log(2), -2 * math.log(3)]))
     assert (b[0, :, 2, 2] == 0).all() and torch.isinf(b[0, :, 1, 2]).all()  # d = 0; the future
     # r1, r2 used at no less than 0.01, the gradient still reaching a parameter below that.
     with torch.no_grad():
         part.r2.copy_(torch.tensor([-1.0, 1.0]))
-    b = part.bias(part.prepare(plan))
+    b = part.additive_mask(part.prepare(plan))
     torch.testing.assert_close(b[0, 0, 3, 1], torch.tensor(-math.log(1 + 0.02)))
     b[0, 0, 3, 1].backward()
     assert part.r2.grad[0] != 0
@@ -182,17 +175,17 @@ def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
 
 
 def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
 
     cfg = ModelConfig(d_model=8, n_head=1, position="fire", fire_width=2, fire_threshold=4.0)
-    part = Fire(cfg)
+    part = FIRE(cfg)
     with torch.no_grad():  # f(x) = 0.25 + 2 relu(x) + 3 relu(0.5 - x); psi(x) = log(x + 1)
         for name, value in (("w1", [1.0, -1.0]), ("b1", [0.0, 0.5]), ("w2", [[2.0, 3.0]])):
             getattr(part, name).copy_(torch.tensor(value))
         part.b2.fill_(0.25)
         part.c.fill_(1.0)
     plan = build_plan(cfg, torch.zeros(1, 20, dtype=torch.long), kernel="math")
-    b = part.bias(part.prepare(plan))[0, 0]  # (20, 20)
+    b = part.additive_mask(part.prepare(plan))[0, 0]  # (20, 20)
     # i = 2, j = 0: x = psi(2) / psi(max(L=4, 2)) = log 3 / log 5 -> 0.25 + 2x
     torch.testing.assert_close(b[2, 0], torch.tensor(0.25 + 2 * math.log(3) / math.log(5)))
     # distance 0: x = 0 -> 0.25 + 3 * 0.5; the whole context back: x = 1 -> 0.25 + 2, at i = 9
@@ -207,7 +200,7 @@ def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
     # c and L are learned: the bias has a gradient for both (and for the MLP).
     b[9, 3].backward()
     assert part.c.grad.abs() > 0 and part.w1.grad.abs().sum() > 0
-    b = part.bias(part.prepare(plan))[0, 0]
+    b = part.additive_mask(part.prepare(plan))[0, 0]
     b[3, 2].backward()
     assert part.threshold_scale.grad.abs() > 0
 
@@ -244,15 +237,16 @@ def test_random_positions_are_a_sorted_draw_of_distinct_positions_per_sequence_a
 
 
 def test_random_positions_in_training_only_and_the_trained_model_reads_0_to_l():
-    from lm.model import TransformerLM
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
+    from lm.model.transformer import TransformerLM
 
     cfg = ModelConfig(vocab_size=20, context_length=8, n_layer=2, n_head=2, d_model=16)
     randomized = ModelConfig(**{**dataclasses.asdict(cfg), "random_positions": 64})
     ids = torch.zeros(3, 8, dtype=torch.long)
     torch.manual_seed(1)
     drawn = build_plan(randomized, ids, training=True)
-    assert drawn.positions.shape == (3, 8) and drawn.end == 64 and drawn.positions.max() > 7
+    assert drawn.positions.shape == (3, 8) and drawn.position_limit == 64
+    assert drawn.positions.max() > 7
     assert build_plan(randomized, ids).positions.tolist() == list(range(8))  # not training
     for position in ("rope", "learned", "alibi"):
         torch.manual_seed(0)
@@ -278,16 +272,16 @@ def same(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]) -> bool:
 
 
 EXTENDED = [
-    Rope(8, method="pi", factor=4.0),
-    Rope(8, method="ntk", factor=4.0),
-    Rope(8, method="yarn", factor=4.0, context=64),
-    Rope(8, pairs=2),
-    Rope(8, pairs=2, method="yarn", factor=4.0, context=64),
+    RopeAngles(8, method="pi", factor=4.0),
+    RopeAngles(8, method="ntk", factor=4.0),
+    RopeAngles(8, method="yarn", factor=4.0, context=64),
+    RopeAngles(8, pairs=2),
+    RopeAngles(8, pairs=2, method="yarn", factor=4.0, context=64),
 ]
 
 
 def test_pi_angles_are_positions_over_s_times_theta():
-    cos, sin = Rope(4, method="pi", factor=4.0).cos_sin(torch.tensor([6]), torch.float64)
+    cos, sin = RopeAngles(4, method="pi", factor=4.0).cos_sin(torch.tensor([6]), torch.float64)
     for i, theta in enumerate((1.0, 0.01)):  # 10000^(-2i/4)
         assert math.isclose(cos[0, i].item(), math.cos(6 / 4 * theta), abs_tol=1e-15)
         assert math.isclose(sin[0, i].item(), math.sin(6 / 4 * theta), abs_tol=1e-15)
@@ -297,12 +291,12 @@ def test_pi_at_factor_s_is_plain_rope_at_positions_m_over_s():
     torch.manual_seed(0)
     x, m = torch.randn(2, 3, 10, 8), torch.arange(10)
     for s in (2.0, 4.0, 2.5):
-        pi = apply(Rope(8, method="pi", factor=s), x, m)
+        pi = apply(RopeAngles(8, method="pi", factor=s), x, m)
         assert torch.equal(pi, apply_rope(x, m.double() / s))
 
 
 def test_ntk_raises_the_base_by_s_to_the_d_over_d_minus_2():
-    theta = Rope(8, base=10000.0, method="ntk", factor=4.0).frequencies()
+    theta = RopeAngles(8, base=10000.0, method="ntk", factor=4.0).frequencies()
     base = 10000.0 * 4.0 ** (8 / 6)
     expected = [base ** (-2 * i / 8) for i in range(4)]
     torch.testing.assert_close(theta, torch.tensor(expected, dtype=torch.float64))
@@ -325,7 +319,7 @@ def test_yarn_ramp_below_between_and_above_the_thresholds():
     # 0.10 times, so the slow pair is divided by s and the fast one only partly.
     g = (64 / (2 * math.pi) - 1) / 31
     torch.testing.assert_close(
-        Rope(4, method="yarn", factor=s, context=L).frequencies(),
+        RopeAngles(4, method="yarn", factor=s, context=L).frequencies(),
         torch.tensor([(1 - g) / s + g, 0.01 / s], dtype=torch.float64),
     )
 
@@ -335,7 +329,7 @@ def test_yarn_multiplies_the_logits_by_its_temperature():
     assert yarn_attention_factor(s) == 0.1 * math.log(s) + 1
     torch.manual_seed(0)
     q, k = torch.randn(1, 8).double(), torch.randn(1, 8).double()
-    yarn = Rope(8, method="yarn", factor=s, context=64)
+    yarn = RopeAngles(8, method="yarn", factor=s, context=64)
     zero = torch.tensor([0])  # every angle is 0 there: only the temperature is left
     score = (apply(yarn, q, zero) * apply(yarn, k, zero)).sum().item()
     assert math.isclose(score, (0.1 * math.log(s) + 1) ** 2 * (q * k).sum().item(), rel_tol=1e-12)
@@ -344,8 +338,8 @@ def test_yarn_multiplies_the_logits_by_its_temperature():
 @pytest.mark.parametrize("method", ["pi", "ntk", "yarn"])
 def test_factor_1_is_the_notes_rope_exactly(method):
     positions = torch.tensor([[0, 3, 17, 1000], [5, 5, 6, 7]])
-    plain = Rope(16).cos_sin(positions)
-    assert same(Rope(16, method=method, factor=1.0, context=8).cos_sin(positions), plain)
+    plain = RopeAngles(16).cos_sin(positions)
+    assert same(RopeAngles(16, method=method, factor=1.0, context=8).cos_sin(positions), plain)
     theta = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # the notes' theta_i
     assert torch.equal(plain[0], torch.cos(positions.double()[..., None] * theta).float())
 
@@ -353,12 +347,13 @@ def test_factor_1_is_the_notes_rope_exactly(method):
 def test_partial_rope_rotates_the_first_pairs_only():
     torch.manual_seed(0)
     x = torch.randn(5, 8).double()
-    out = apply(Rope(8, pairs=2), x, torch.arange(5) * 7)
+    out = apply(RopeAngles(8, pairs=2), x, torch.arange(5) * 7)
     assert torch.equal(out[:, 4:], x[:, 4:])  # pairs 2 and 3 unrotated
     # The rotated pairs span the whole range of frequencies over their own width d = 4.
     torch.testing.assert_close(out[:, :4], apply_rope(x[:, :4], torch.arange(5) * 7))
     assert torch.equal(
-        Rope(8, pairs=4).cos_sin(torch.arange(9))[0], Rope(8).cos_sin(torch.arange(9))[0]
+        RopeAngles(8, pairs=4).cos_sin(torch.arange(9))[0],
+        RopeAngles(8).cos_sin(torch.arange(9))[0],
     )
 
 
@@ -382,17 +377,17 @@ def test_every_extension_keeps_scores_a_function_of_the_offset(rope):
 def test_the_cache_equals_the_angles_computed_at_any_length():
     import dataclasses
 
-    from lm.plan import build_plan
+    from lm.model.plan import build_plan
 
     cfg = ModelConfig(
         d_model=16, n_head=2, context_length=16, rope_scaling="yarn:2", rope_original_context=16
     )
-    rope, part = Rope(8, method="yarn", factor=2.0, context=16), Rotary(cfg)
+    rope, part = RopeAngles(8, method="yarn", factor=2.0, context=16), RoPE(cfg)
     assert part.rope == rope
 
     def angles(positions, end):
         plan = build_plan(cfg, torch.zeros(2, 1, dtype=torch.long))
-        plan = dataclasses.replace(plan, positions=positions, end=end)
+        plan = dataclasses.replace(plan, positions=positions, position_limit=end)
         return part.prepare(plan).rotation
 
     inside = torch.tensor([[0, 4, 15], [1, 1, 2]])

@@ -10,8 +10,8 @@ import pytest
 from _support import tiny_config
 from PIL import Image
 
-from lm.config import LMError
-from lm.report import PICTURES, RunResult, labels, render, write_report
+from lm.compare.report import PICTURES, RunResult, labels, render, write_report
+from lm.config.errors import LMError
 
 PROMPT = "def f"
 SHA = "ab" * 32

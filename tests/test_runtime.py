@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm import runtime
-from lm.config import ModelConfig
-from lm.runtime import cpu_bf16_kind, resolve_dtype
+from lm.config.sections import ModelConfig
+from lm.runtime import device as runtime
+from lm.runtime.device import cpu_bf16_kind, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -24,7 +24,7 @@ def test_the_cpu_bf16_kind_comes_from_torchs_own_detection(monkeypatch, amx, avx
 
 
 @pytest.mark.parametrize(
-    ("kind", "attention", "width", "picked"),
+    ("kind", "kernel", "width", "picked"),
     [
         ("none", "sdpa", 768, torch.float32),
         ("none", "math", 768, torch.float32),
@@ -38,11 +38,9 @@ def test_the_cpu_bf16_kind_comes_from_torchs_own_detection(monkeypatch, amx, avx
         ("amx", "sdpa", 384, torch.bfloat16),
     ],
 )
-def test_auto_on_a_cpu_picks_bf16_from_the_measured_width(
-    monkeypatch, kind, attention, width, picked
-):
+def test_auto_on_a_cpu_picks_bf16_from_the_measured_width(monkeypatch, kind, kernel, width, picked):
     monkeypatch.setattr(runtime, "cpu_bf16_kind", lambda: kind)
-    model = ModelConfig(d_model=width, n_head=4, attention=attention)
+    model = ModelConfig(d_model=width, n_head=4, kernel=kernel)
     assert resolve_dtype("auto", CPU, model) == picked
     # A dtype written out is taken as written, whatever the hardware.
     assert resolve_dtype("fp32", CPU, model) == torch.float32

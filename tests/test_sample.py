@@ -8,12 +8,12 @@ import pytest
 import torch
 from _support import tiny_config
 
-from lm.config import ModelConfig
-from lm.model import TransformerLM
-from lm.position import POSITIONS
-from lm.runs import load_run
+from lm.config.names import POSITIONS
+from lm.config.sections import ModelConfig
+from lm.model.transformer import TransformerLM
+from lm.runs.load import load_run
 from lm.sample import generate
-from lm.train import train
+from lm.train.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +64,12 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
 
 
 def test_kv_cache_logits_equal_full_forward():
-    from lm.cache import KVCache
 
     for position in [*POSITIONS, ["rope", "none"], ["alibi", "kerple"]]:
         model = random_model(position)
         ids = torch.randint(1, 30, (2, 10))
         full = model(ids)
-        cache = KVCache(model, 2, 12)
+        cache = model.new_cache(2, 12)
         steps = [model(ids[:, :4], cache=cache)] + [
             model(ids[:, t : t + 1], cache=cache) for t in range(4, 10)
         ]
@@ -78,11 +77,10 @@ def test_kv_cache_logits_equal_full_forward():
 
 
 def test_kv_cache_continues_each_row_and_refuses_to_overflow():
-    from lm.cache import KVCache
 
     model = random_model("alibi")
     mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
-    cache = KVCache(model, 2, 6)
+    cache = model.new_cache(2, 6)
     positions = cache.extend(mask)
     assert positions.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
     # Each row goes on counting its own real tokens: 2 in the left-padded row, 4 in the other.
@@ -96,7 +94,7 @@ def test_kv_cache_continues_each_row_and_refuses_to_overflow():
     assert cache.length == 5  # the refused call recorded nothing
 
     ids, nxt = torch.randint(1, 30, (2, 4)), torch.randint(1, 30, (2, 2))
-    cache = KVCache(model, 2, 6)
+    cache = model.new_cache(2, 6)
     model(ids, key_mask=mask, cache=cache)
     with pytest.raises(ValueError, match="holds 6 slots; 7 requested"):
         model(torch.randint(1, 30, (2, 3)), cache=cache)
@@ -159,11 +157,10 @@ def test_a_row_that_ends_early_leaves_the_others_decoding():
     ids=str,
 )
 def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(extension):
-    from lm.cache import KVCache
 
     model = random_model("rope", **extension)
     ids = torch.randint(1, 30, (2, 10))
-    cache = KVCache(model, 2, 12)
+    cache = model.new_cache(2, 12)
     steps = [model(ids[:, :4], cache=cache)] + [
         model(ids[:, t : t + 1], cache=cache) for t in range(4, 10)
     ]

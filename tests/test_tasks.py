@@ -10,12 +10,16 @@ import pytest
 from _support import assert_one_line, expect_error, tiny_config, write_config
 
 import lm.evaluate
-from lm.batches import TrainBatches, eval_batches, trained_targets
 from lm.cli import main
-from lm.config import ConfigError, DataConfig, load_config
-from lm.data import prepare_data
-from lm.runs import load_run
-from lm.tasks import evaluation_examples, parse_lengths, tokens, training_examples
+from lm.config.errors import ConfigError
+from lm.config.load import load_config
+from lm.config.names import task_tokens
+from lm.config.sections import DataConfig
+from lm.config.values import parse_task_lengths
+from lm.data.batches import TrainBatches, eval_batches, trained_targets
+from lm.data.sources import prepare_data
+from lm.data.tasks import evaluation_examples, training_examples
+from lm.runs.load import load_run
 
 COPY = {
     "source": "builtin:copy",
@@ -39,12 +43,12 @@ def test_examples_say_what_each_task_asks():
     for prompt, answer in training_examples("addition", range(3, 4), 50, seed=3):
         a, b = prompt[:-1].split("+")
         assert len(a) == len(b) == 3 and a[0] != "0" and int(answer) == int(a) + int(b)
-    # The longest example of each length fits in tokens(task, length), <eod> included.
+    # The longest example of each length fits in task_tokens(task, length), <eod> included.
     for task in ("copy", "reverse", "addition"):
         for length in (1, 4, 9):
             sizes = [len(p + a) + 1 for p, a in (training_examples(task, [length], 200, 1))]
-            assert max(sizes) <= tokens(task, length)
-    assert tokens("addition", 2) == len("99+99=198") + 1
+            assert max(sizes) <= task_tokens(task, length)
+    assert task_tokens("addition", 2) == len("99+99=198") + 1
     # The same seed, the same examples, whatever else changes; evaluation draws its own.
     assert training_examples("copy", range(1, 6), 20, 3) == training_examples(
         "copy", range(1, 6), 20, 3
@@ -57,10 +61,12 @@ def test_examples_say_what_each_task_asks():
 
 
 def test_lengths_read_as_ranges():
-    assert parse_lengths("1-20", "k") == range(1, 21) and parse_lengths(" 8 ", "k") == range(8, 9)
+    assert parse_task_lengths("1-20", "k") == range(1, 21) and parse_task_lengths(
+        " 8 ", "k"
+    ) == range(8, 9)
     for bad in ("20-1", "0-3", "a-b", "1-", ""):
-        with pytest.raises(ValueError, match="k: "):
-            parse_lengths(bad, "k")
+        with pytest.raises(ConfigError, match="k: "):
+            parse_task_lengths(bad, "k")
 
 
 FITS = ["data.task_lengths=1-3", "data.task_eval_lengths=1-5"]
@@ -131,7 +137,7 @@ def test_accuracy_counts_an_answer_only_when_every_token_and_its_end_are_right(
 ):
     cfg = task_config(tmp_path, task_eval_lengths="2-4", task_eval_examples=6)
     cfg = cfg.replace(train=cfg.train.__class__(**{**cfg.train.__dict__, "max_steps": 1}))
-    from lm.train import train
+    from lm.train.loop import train
 
     train(cfg, tmp_path / "run", quiet=True)
     run = load_run(tmp_path / "run")

@@ -8,8 +8,8 @@ from _support import assert_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lm.config import DataError
-from lm.tokenizer import EOD, PAD, UNK, TextTokenizer, train_tokenizer
+from lm.config.errors import DataError
+from lm.data.tokenizer import EOD, PAD, UNK, TextTokenizer, train_tokenizer
 
 CORPUS = [
     "The quick brown fox\njumps over the lazy dog.\n\n",

@@ -23,13 +23,13 @@ from _support import (
     write_config,
 )
 
-from lm.batches import PaddedCollator
-from lm.checkpoint import complete_checkpoints, latest_checkpoint
-from lm.config import ConfigError, LMError
-from lm.model import TransformerLM, loss_sum
-from lm.optim import build_optimizer, lr_at, orthogonalize
-from lm.runtime import compile_model
-from lm.train import train
+from lm.config.errors import ConfigError, LMError
+from lm.data.batches import PaddedCollator
+from lm.model.transformer import TransformerLM, loss_sum
+from lm.runs.checkpoint import complete_checkpoints, latest_checkpoint
+from lm.runtime.device import compile_model
+from lm.train.loop import train
+from lm.train.optim import build_optimizer, lr_at, orthogonalize
 
 
 def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
@@ -116,7 +116,7 @@ def test_gradient_accumulation_equals_one_big_batch_with_padding(tmp_path):
 
 def test_padded_batch_step_equals_sequences_one_at_a_time():
     torch.manual_seed(0)
-    from lm.config import ModelConfig
+    from lm.config.sections import ModelConfig
 
     model = TransformerLM(
         ModelConfig(vocab_size=20, context_length=16, n_layer=2, n_head=2, d_model=16)
@@ -268,7 +268,7 @@ def test_freed_host_memory_is_reused_instead_of_faulted_in_again():
     # the setting each of these allocations costs 10,240 page faults.
     code = (
         "import resource, torch\n"
-        "from lm.runtime import retain_freed_host_memory\n"
+        "from lm.runtime.host import retain_freed_host_memory\n"
         "assert retain_freed_host_memory()\n"
         "faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         # The heap grows past the small allocations between blocks for the first several
@@ -311,8 +311,8 @@ def test_resume_refuses_a_changed_model_naming_the_key(tmp_path):
 
 def test_flex_attention_trains_on_cpu_through_sdpa_masks_and_says_so_once(tmp_path, capsys):
     train_cfg = {"max_steps": 2, "eval_every": 2, "eval_steps": 1, "checkpoint_every": 2}
-    cfg = tiny_config(model={"attention": "flex"}, train=train_cfg)
+    cfg = tiny_config(model={"kernel": "flex"}, train=train_cfg)
     result = train(cfg, tmp_path / "run")
     assert result.status == "done"
     err = capsys.readouterr().err
-    assert err.count("model.attention: flex has no backward pass on cpu") == 1, err
+    assert err.count("model.kernel: flex has no backward pass on cpu") == 1, err

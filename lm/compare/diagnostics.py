@@ -1,0 +1,220 @@
+"""Look inside a trained model: its attention maps over a text, and its attention score as a
+function of query-key offset; plus the sinusoid table on its own.
+
+The notes' claim for RoPE ("RoPE compares positions through angle differences") is that a
+rotated query-key score depends on the offset ``s - l`` rather than on the positions
+themselves. :func:`score_by_offset` measures what a trained model made of that: the pre-softmax
+score ``S = q·k / sqrt(d_k)`` (a position bias such as ALiBi's included, as the softmax sees
+it), averaged over every query-key pair at each offset, per layer and head.
+:func:`bias_by_distance` draws the bias alone, for the schemes that add one to the scores.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lm.compare import plots
+from lm.config.errors import LMError
+from lm.config.names import SCHEME_PLACES
+from lm.data.sources import prepare_data
+from lm.data.tokenizer import TextTokenizer
+from lm.model.position.embeddings import sinusoidal_table
+from lm.model.transformer import TransformerLM
+from lm.runs.directory import TOKENIZER, check_out_dir
+from lm.runs.load import load_run
+
+
+@dataclass
+class AttentionPicture:
+    weights: np.ndarray
+    """The drawn attention matrices ``[heads, T, T]``: rows are queries, columns keys."""
+    tokens: list[str]
+    layer: int
+    heads: list[int]
+    path: Path
+
+
+def _name(run_dir: str | Path) -> str:
+    """A run's name for a title: its folder and the one above (``position=rope/seed1``)."""
+    return "/".join(Path(run_dir).resolve().parts[-2:])
+
+
+def _byte_symbols() -> dict[str, int]:
+    """Byte-level BPE's alphabet: the character that stands for each byte in a token's string
+    (printable Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    others = [b for b in range(256) if b not in printable]
+    symbols = {chr(b): b for b in printable}
+    symbols.update({chr(256 + n): b for n, b in enumerate(others)})
+    return symbols
+
+
+BYTE_SYMBOLS = _byte_symbols()
+
+
+def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
+    """A token as text for an axis: a byte-level token that is only part of a character (one
+    byte of "é") shows its bytes as ``\\xNN`` instead of the replacement character."""
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.tokenizer.id_to_token(token_id) or ""
+    if not piece or any(c not in BYTE_SYMBOLS for c in piece):
+        return text  # not a byte-level token: the replacement character is the text itself
+    return bytes(BYTE_SYMBOLS[c] for c in piece).decode("utf-8", "backslashreplace")
+
+
+def picture_path(path: str | Path, flag: str = "--out") -> Path:
+    """A file a picture can be written to: a format matplotlib writes (by its suffix), not a
+    folder, and no file where a folder above it must be."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if path.is_dir():
+        raise LMError(f"{flag} {path}: is a folder; give a picture file such as {path / 'x.png'}")
+    if suffix not in formats:
+        raise LMError(
+            f"{flag} {path}: {'.' + suffix if suffix else 'no suffix'} is not a picture format "
+            f"matplotlib writes; use one of {', '.join(sorted(formats))}"
+        )
+    check_out_dir(path.parent, flag)
+    return path
+
+
+def _index(name: str, value: int | None, count: int, default: int) -> int:
+    if value is None:
+        return default
+    if not 0 <= value < count:
+        raise LMError(f"--{name} {value}: the model has {count} {name}s (0 to {count - 1})")
+    return value
+
+
+def draw_attention(
+    run_dir: str | Path,
+    text: str,
+    layer: int | None = None,
+    head: int | None = None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+) -> AttentionPicture:
+    """Draw layer ``layer``'s attention over the tokens of ``text``: one head, or all of them.
+
+    The default layer is the last one. The picture goes to ``out`` (default
+    ``RUN_DIR/attention.png``).
+    """
+    path = picture_path(out) if out is not None else None  # before the slow work
+    run = load_run(run_dir, device=device)
+    path = path or picture_path(Path(run_dir) / "attention.png")
+    cfg = run.config.model
+    layer = _index("layer", layer, cfg.n_layer, cfg.n_layer - 1)
+    heads = list(range(cfg.n_head)) if head is None else [_index("head", head, cfg.n_head, 0)]
+    ids = run.tokenizer.encode(text)
+    if not ids:
+        raise LMError("--text: empty; give the text whose attention to draw")
+    unknown = run.tokenizer.count_unknown(text)
+    if unknown:
+        print(f"lm: {unknown} character(s) of the text became <unk>", file=sys.stderr)
+    _, weights = run.model.attention_weights(torch.tensor([ids], device=device))[layer]
+    weights = weights[0, heads].float().cpu().numpy()  # (heads, T, T)
+    tokens = [token_text(run.tokenizer, i) for i in ids]
+    plots.attention_maps(
+        weights,
+        tokens,
+        [f"head {h}" for h in heads],
+        path,
+        suptitle=f"{_name(run_dir)}: {cfg.position_text} positions, layer {layer}",
+    )
+    return AttentionPicture(weights, tokens, layer, heads, path)
+
+
+def score_by_offset(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    windows: int = 16,
+    device: str = "cpu",
+) -> tuple[np.ndarray, Path]:
+    """Mean score at each offset ``0 .. C-1`` per layer and head, ``[layers, heads, C]``, over
+    ``windows`` consecutive windows of the run's validation tokens; drawn to ``out`` (default
+    ``RUN_DIR/score_by_offset.png``)."""
+    path = picture_path(out) if out is not None else None  # before the slow work
+    run = load_run(run_dir, device=device)
+    path = path or picture_path(Path(run_dir) / "score_by_offset.png")
+    cfg = run.config
+    C = cfg.model.context_length
+    val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None).val
+    n = min(windows, val.n_tokens // C)
+    if n == 0:
+        raise LMError(f"{run_dir}: the validation split holds fewer than {C} tokens")
+    ids = torch.from_numpy(val.tokens[: n * C].astype(np.int64)).view(n, C).to(device)
+    profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, C))
+    for i, (s, _) in enumerate(run.model.attention_weights(ids)):
+        for offset in range(C):
+            # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
+            diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
+            profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
+    ylabel = "mean score q·k/√d_k"
+    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if SCHEME_PLACES[n] == "scores"]
+    if biased:  # the softmax sees S plus the bias
+        ylabel += f" + {'/'.join(biased)} bias"
+    plots.score_by_offset(
+        profile,
+        path,
+        ylabel=ylabel,
+        title=f"{_name(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
+        f"({n} validation windows of {C} tokens)",
+    )
+    return profile, path
+
+
+@torch.no_grad()
+def bias_by_distance(model: TransformerLM, length: int) -> dict[int, np.ndarray]:
+    """What each layer's position part adds to the scores of a query at position ``length - 1``
+    against the keys at distance ``0 .. length - 1`` behind it: ``{layer: [heads, length]}``, for
+    the layers whose scheme biases the scores (ALiBi's ``-m_h d``); read through the same plan
+    and ``bias`` hook the forward pass uses."""
+    ids = torch.zeros(1, length, dtype=torch.long, device=model.embed.weight.device)
+    plan = model.plan(ids, kernel="math")
+    drawn = {}
+    for i, block in enumerate(model.blocks):
+        bias = block.attn.position.additive_mask(plan)  # (1, H, T, T); last row: last query
+        if bias is not None:
+            drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
+    return drawn
+
+
+def draw_bias_by_distance(
+    run_dir: str | Path, out: str | Path | None = None, device: str = "cpu"
+) -> Path | None:
+    """:func:`bias_by_distance` of a run over its trained context, drawn to ``out`` (default
+    ``RUN_DIR/bias_by_distance.png``); None, and nothing drawn, when no layer biases scores."""
+    path = picture_path(out) if out is not None else None
+    run = load_run(run_dir, device=device)
+    C = run.config.model.context_length
+    drawn = bias_by_distance(run.model, C)
+    if not drawn:
+        return None
+    path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
+    return plots.score_by_offset(
+        np.stack(list(drawn.values())),
+        path,
+        ylabel="position bias added to the score",
+        title=f"{_name(run_dir)}: {run.config.model.position_text} bias against distance, query at "
+        f"position {C - 1}",
+        layers=list(drawn),
+    )
+
+
+def draw_sinusoids(d: int, length: int, out: str | Path) -> Path:
+    """The notes' sinusoid table for width ``d`` and ``length`` positions, drawn to ``out``."""
+    if d < 2 or d % 2:
+        raise LMError(f"--d {d}: sinusoids come in sin/cos pairs; give an even width >= 2")
+    if length < 1:
+        raise LMError(f"--length {length}: must be at least 1")
+    return plots.sinusoids(sinusoidal_table(length, d).numpy(), picture_path(out))

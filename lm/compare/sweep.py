@@ -1,0 +1,521 @@
+"""``lm compare``: train runs that differ in one config key (a sweep), measure each, report.
+
+:func:`run_sweep` trains one run per value and seed into ``DIR/<key>=<value>/seed<N>``, every
+other key as the config file says. The tokenizer and token ids come from data.py's cache, keyed
+by content: the first run makes them and the others find them, so all runs see the same ids.
+A sweep can be run again: finished runs are reused, an interrupted one resumes.
+
+An evaluation-time key (``--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4``) varies nothing in
+training: each trained RoPE run is measured once per value, with that context extension in
+place of its own; runs of the other schemes are measured once, as trained.
+
+:func:`measure_run` loads a finished run and measures what the report shows: its logged losses
+and throughput, its validation loss at each evaluation length (default 1x, 2x and 4x the
+trained context; by ``lm.evaluate.evaluate_lengths``, the code behind ``lm eval``) and a greedy
+continuation of a prompt. ``lm.report`` renders the report from those results alone.
+
+How a folder's report measures its runs is part of the folder's record, ``sweep.json``: the runs
+in their order and the :class:`Evaluation` settings, written when a sweep starts and with every
+report. ``lm compare DIR`` (the report alone) reads it back, so a rebuilt report is the same
+report; a flag given to the rebuild replaces its one setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm.compare.jobs import Job, run_jobs
+from lm.compare.report import RunResult, write_report
+from lm.config.errors import ConfigError, LMError
+from lm.config.load import config_diff, load_config, parse_overrides
+from lm.config.names import task_of
+from lm.config.sections import Config, TrainConfig
+from lm.config.values import parse_rope_scaling, split_values
+from lm.data.sources import prepare_data, print_to_stderr
+from lm.data.tasks import evaluation_examples
+from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
+from lm.runs.checkpoint import latest_checkpoint, read_state
+from lm.runs.directory import CONFIG, METRICS, TOKENIZER, check_out_dir
+from lm.runtime.device import resolve_device
+from lm.sample import generate
+from lm.train.loop import train
+
+DEFAULT_OUT = Path("runs/compare")
+DEFAULT_PROMPT = "The for statement"
+EXTRAPOLATION = ("1x", "2x", "4x")
+"""Default evaluation lengths: multiples of the trained context."""
+EVAL_KEYS = ("eval.rope_scaling",)
+"""Keys ``--vary`` may sweep at evaluation time, on the same trained runs."""
+RECORD = "sweep.json"
+DEFAULT_MAX_NEW_TOKENS = 80
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """How a report measures its runs (``lm compare``'s evaluation flags)."""
+
+    eval_lengths: list[str] | None = None
+    """Evaluation lengths (``2x``, ``256``); None: :data:`EXTRAPOLATION`."""
+    rope_scalings: list[str] | None = None
+    """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
+    eval_batches: int | None = None
+    """Batches per length; None: the whole validation split."""
+    prompt: str | None = None
+    """The prompt each run continues; None: one of the task for a task run, else
+    :data:`DEFAULT_PROMPT`."""
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+
+    def given(self, **flags: Any) -> Evaluation:
+        """These settings, with each flag that was given (not None) in place of its own."""
+        return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
+
+
+def write_record(out_dir: Path, runs: list[Path], evaluation: Evaluation) -> None:
+    """``out_dir/sweep.json``: the runs of its report in order (relative to ``out_dir`` when
+    inside it) and how they are evaluated."""
+    names = []
+    for run in runs:
+        inside = out_dir.resolve() in run.resolve().parents
+        names.append(os.path.relpath(run, out_dir) if inside else str(run.resolve()))
+    record = {"runs": names, **dataclasses.asdict(evaluation)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def read_record(folder: Path) -> tuple[list[Path], Evaluation] | None:
+    """The runs and evaluation settings ``folder/sweep.json`` records; None without one."""
+    path = folder / RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        runs = [folder / name for name in record.pop("runs")]
+        return runs, Evaluation(**record)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        raise LMError(f"{path}: not a record lm compare wrote; delete it to rebuild") from None
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+# The sweep
+
+
+def parse_vary(text: str) -> tuple[str, list[str]]:
+    """``"model.position=rope,alibi"`` -> ``("model.position", ["rope", "alibi"])``.
+
+    A config key is checked as ``--set`` checks it, its values when the configs are built; an
+    evaluation key (:data:`EVAL_KEYS`) and its values are checked here.
+    """
+    if "=" not in text:
+        raise ConfigError(
+            f"--vary {text!r}: expected KEY=VALUE,VALUE,..., for example "
+            "model.position=rope,sinusoidal"
+        )
+    key, values = text.split("=", 1)
+    key = key.strip()
+    texts = split_values(values)  # a list value keeps its commas: rope,[rope,none]
+    if not texts:
+        raise ConfigError(f"--vary {key}: no values given after '='")
+    if len(set(texts)) != len(texts):
+        raise ConfigError(f"--vary {key}: a value is listed twice")
+    if key == "train.seed":
+        raise ConfigError("--vary train.seed: use --seeds to repeat runs over seeds")
+    if key.startswith("eval."):
+        if key not in EVAL_KEYS:
+            raise ConfigError(
+                f"--vary {key}: unknown evaluation key (allowed: {', '.join(EVAL_KEYS)})"
+            )
+        for value in texts:
+            parse_rope_scaling(value, f"--vary {key}")
+        return key, texts
+    parse_overrides([f"{key}={v}" for v in texts], flag="--vary")
+    return key, texts
+
+
+def split_varies(
+    varies: list[str], rope_scaling: str | None = None
+) -> tuple[tuple[str, list[str]] | None, list[str] | None]:
+    """The ``--vary`` flags as (the config key to train over and its values, or None) and (the
+    RoPE extensions to evaluate every RoPE run with, or None). ``rope_scaling`` (``--rope-scaling``)
+    is one extension for all."""
+    training, evaluation = [], []
+    for text in varies:
+        key, values = parse_vary(text)
+        (evaluation if key in EVAL_KEYS else training).append((key, values))
+    if len(training) > 1:
+        raise ConfigError(
+            f"--vary {training[0][0]} and --vary {training[1][0]}: a sweep varies one training "
+            "key (run one sweep per key); an evaluation key (eval.rope_scaling) may join it"
+        )
+    if len(evaluation) > 1:
+        raise ConfigError("--vary eval.rope_scaling: given twice")
+    if rope_scaling is not None:
+        parse_rope_scaling(rope_scaling, "--rope-scaling")
+        if evaluation:
+            raise ConfigError("--rope-scaling and --vary eval.rope_scaling: give one of them")
+        evaluation = [("eval.rope_scaling", [rope_scaling])]
+    return (training[0] if training else None), (evaluation[0][1] if evaluation else None)
+
+
+def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Path:
+    if key is None or value is None:  # one config, only its seeds
+        return out_dir / f"seed{seed}"
+    # A path-like value must not become nested folders, nor a list a shell pattern ([a,b]).
+    safe = value.replace("/", "_").replace("[", "").replace("]", "").replace(" ", "")
+    return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
+
+
+def _finished(state: dict[str, Any], tc: TrainConfig) -> bool:
+    """Trained to ``max_steps``, or stopped early because it reached ``target_loss``."""
+    if state["step"] >= tc.max_steps:
+        return True
+    val = state.get("val_loss")
+    return tc.target_loss is not None and val is not None and val <= tc.target_loss
+
+
+def _check_same_config(run_dir: Path, config: Config) -> None:
+    """A run folder the sweep reuses or resumes must hold the run this sweep asks for, every
+    key the same: a larger ``train.max_steps`` is another run too (its schedule decays over
+    more steps), never a finished run stitched onto."""
+    if not (run_dir / CONFIG).is_file():
+        return
+    saved = load_config(run_dir / CONFIG)
+    for name, (old, new) in config_diff(saved, config).items():
+        if name in ("model.vocab_size", "train.threads"):  # threads: the same numbers on any
+            continue
+        raise LMError(
+            f"{run_dir}: was trained with {name}={old!r}, this sweep asks for {new!r}; "
+            "delete that folder or choose another --out"
+        )
+
+
+def run_sweep(
+    config_path: str | Path,
+    vary_key: str | None,
+    values: list[str] | None,
+    seeds: list[int] | None = None,
+    overrides: list[str] | None = None,
+    out_dir: str | Path = DEFAULT_OUT,
+    quiet: bool = False,
+    evaluation: Evaluation = Evaluation(),
+    jobs: int = 1,
+) -> list[Path]:
+    """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
+
+    ``vary_key`` None: the config as it is, once per seed. ``seeds`` default to the config's
+    own ``train.seed``. Every config is built and checked before the first run starts, so a bad
+    value fails at once, not after an hour of training. ``out_dir/sweep.json`` records the runs
+    and ``evaluation`` before the first one trains, so that an interrupted sweep's report, built
+    alone, is evaluated as the finished sweep's would be. ``jobs`` > 1 trains that many runs at
+    once, each in its own process (:mod:`lm.jobs`).
+    """
+    overrides = overrides or []
+    out_dir = Path(out_dir)
+    log = _quiet if quiet else print_to_stderr
+    base = load_config(config_path, overrides)
+    if seeds is None:
+        seeds = [base.train.seed]
+    device = resolve_device(base.train.device, "train.device")
+    settings = [(v, [f"{vary_key}={v}"]) for v in values or []] if vary_key else [(None, [])]
+    plan = [
+        (_run_dir(out_dir, vary_key, value, seed), [*overrides, *setting, f"train.seed={seed}"])
+        for value, setting in settings
+        for seed in seeds
+    ]
+    configs = [load_config(config_path, keys) for _, keys in plan]  # every one checked first
+    write_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
+    waiting = []
+    for (run_dir, keys), config in zip(plan, configs, strict=True):
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is not None:
+            _check_same_config(run_dir, config)
+            state = read_state(checkpoint)
+            if _finished(state, config.train):
+                log(f"compare: {run_dir} is finished (step {state['step']}); reusing it")
+                continue
+            log(f"compare: resuming {run_dir} from step {state['step']}")
+        elif jobs == 1:
+            log(f"compare: training {run_dir}")
+        if jobs > 1:
+            # Without a checkpoint, whatever the folder holds (a run killed before its first
+            # save) is cleared and training starts over.
+            again = "--resume" if checkpoint is not None else "--overwrite"
+            args = [str(config_path), "--out", str(run_dir), again, "--set", *keys]
+            waiting.append((Job(run_dir, args, config.train.max_steps), config))
+            continue
+        result = train(
+            config,
+            run_dir,
+            resume=checkpoint is not None,
+            overwrite=checkpoint is None,
+            quiet=quiet,
+        )
+        if result.status == "interrupted":
+            raise KeyboardInterrupt(
+                f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
+                "resumes the sweep"
+            )
+        if result.status not in ("done", "target"):
+            raise LMError(f"{run_dir}: {result.message}")
+    if waiting:
+        # The first run of each data config makes its tokenizer and ids; here, once, first.
+        for data in {c.data: None for _, c in waiting}:
+            prepare_data(data, log=None if quiet else log)
+        gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+        # On CPU the jobs divide the cores, unless the config fixes every run's threads.
+        divide = device.type == "cpu" and base.train.threads is None
+        cores = torch.get_num_threads() if divide else None
+        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores)
+    return [run_dir for run_dir, _ in plan]
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run folders: each path is a run (it has config.yaml) or a folder searched for runs."""
+    runs: list[Path] = []
+    for path in map(Path, paths):
+        if (path / CONFIG).is_file():
+            found = [path]
+        elif path.is_dir():
+            found = sorted(p.parent for p in path.rglob(CONFIG))
+            if not found:
+                raise LMError(f"{path}: not a run directory and holds none")
+        else:
+            raise LMError(f"{path}: no such run directory")
+        runs.extend(r for r in found if r not in runs)
+    return runs
+
+
+# Measuring a run
+
+
+def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Training tokens (targets) consumed: exact for packed windows (every slot is a real token),
+    else summed from each logged interval's throughput times its duration."""
+    if config.data.mode == "packed":
+        return step * config.train.batch_size * config.model.context_length, True
+    total, before = 0.0, 0.0
+    for r in records:
+        if "tokens_per_s" in r:
+            total += r["tokens_per_s"] * (r["elapsed_s"] - before)
+            before = r["elapsed_s"]
+    return round(total), False
+
+
+def measure_run(
+    run_dir: Path,
+    prompt: str,
+    max_new_tokens: int,
+    eval_batches: int | None,
+    device: str,
+    lengths: list[str] | None = None,
+    rope_scaling: str | None = None,
+) -> RunResult:
+    """Everything the report shows of one run, its model evaluated with ``rope_scaling`` in
+    place of its own when given. ``lengths`` default to :data:`EXTRAPOLATION`; ``eval_batches``
+    bounds each length's evaluation (None: the whole validation split)."""
+    cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
+    own = "rope" in cfg.model.layer_positions and rope_scaling is not None
+    if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
+        rope_scaling = None  # the run's own extension: measured as trained
+    run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
+    records = _read_metrics(run_dir)
+    vals = [r["val_loss"] for r in records if "val_loss" in r]
+    speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+    elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
+    # A task's loss is measured at its trained context only: its examples are shorter, and what
+    # it says about longer ones is its accuracy.
+    task = is_task(cfg)
+    default = ["1x"] if task else list(EXTRAPOLATION)
+    rows = evaluate_lengths(
+        run, run_dir, lengths or default, device=device, max_batches=eval_batches
+    )
+    tok = run.tokenizer
+    prompt_ids = tok.encode(prompt) or [tok.eod_id]
+    new = generate(run.model, [prompt_ids], max_new_tokens, tok.pad_id, tok.eod_id)[0]
+    tokens, exact = _tokens_seen(cfg, run.step, records)
+    return RunResult(
+        run_dir=run_dir,
+        config=cfg,
+        parameters=run.model.num_parameters(),
+        step=run.step,
+        tokens_seen=tokens,
+        tokens_exact=exact,
+        final_val_loss=vals[-1] if vals else None,
+        best_val_loss=min(vals) if vals else None,
+        tokens_per_s=statistics.median(speeds) if speeds else None,
+        wall_s=elapsed[-1] if elapsed else None,
+        extrapolation=rows,
+        continuation=tok.decode(new),
+        tokenizer_sha256=hashlib.sha256((run_dir / TOKENIZER).read_bytes()).hexdigest(),
+        data_cache=read_state(run.checkpoint).get("data", {}).get("cache"),
+        eval_batches=eval_batches,
+        metrics=records,
+        prompt_unknown=tok.count_unknown(prompt),
+        rope_scaling=rope_scaling,
+        accuracy=task_accuracy(run, device) if task else None,
+    )
+
+
+def _task_prompt(run_dir: Path) -> str | None:
+    """For a task run, a prompt of the task at its longest trained length (else None)."""
+    data = load_config(Path(run_dir) / CONFIG).data
+    task = task_of(data.source)
+    if task is None:
+        return None
+    return evaluation_examples(task, data.task_ranges()[0][-1], 1, data.seed)[0][0]
+
+
+def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
+    """``positions``: each run's layer schemes."""
+    if not any("rope" in layers for layers in positions):
+        raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
+
+
+def report(
+    run_dirs: list[Path],
+    out_dir: str | Path = DEFAULT_OUT,
+    evaluation: Evaluation = Evaluation(),
+    *,
+    device: str = "cpu",
+    log: Callable[[str], None] = print_to_stderr,
+) -> str:
+    """Measure every run as ``evaluation`` says, write the report and its record
+    (``sweep.json``) into ``out_dir``; return the Markdown.
+
+    Every RoPE run is measured once per extension of ``evaluation.rope_scalings`` (``none``: as
+    trained), the other runs once."""
+    if not run_dirs:
+        raise LMError("compare: no runs to report on")
+    e = evaluation
+    prompt = e.prompt
+    if prompt is None:  # a task run continues a prompt of its task
+        prompt = _task_prompt(run_dirs[0]) or DEFAULT_PROMPT
+    positions = {Path(d): load_config(Path(d) / CONFIG).model.layer_positions for d in run_dirs}
+    if e.rope_scalings is not None:
+        _check_rope(positions.values())
+    results = []
+    for run_dir, position in positions.items():
+        variants = e.rope_scalings if e.rope_scalings is not None and "rope" in position else [None]
+        for variant in variants:
+            how = "" if variant is None else f" with rope_scaling {variant}"
+            log(f"compare: evaluating {run_dir}{how}")
+            results.append(
+                measure_run(
+                    run_dir,
+                    prompt,
+                    e.max_new_tokens,
+                    e.eval_batches,
+                    device,
+                    e.eval_lengths,
+                    variant,
+                )
+            )
+    markdown = write_report(results, out_dir, prompt, e.max_new_tokens)
+    write_record(Path(out_dir), list(positions), evaluation)
+    log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and its pictures")
+    return markdown
+
+
+def compare(
+    paths: list[str],
+    vary: list[str] | None = None,
+    seeds: list[int] | None = None,
+    overrides: list[str] | None = None,
+    out: str | Path | None = None,
+    quiet: bool = False,
+    rope_scaling: str | None = None,
+    *,
+    eval_lengths: list[str] | None = None,
+    eval_batches: int | None = None,
+    prompt: str | None = None,
+    max_new_tokens: int | None = None,
+    device: str = "cpu",
+    jobs: int = 1,
+) -> str:
+    """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
+    of runs that exist (run folders, or folders holding them). Returns the Markdown.
+
+    ``vary`` holds at most one config key to train over and at most one evaluation key
+    (``eval.rope_scaling``), which measures the same trained runs again without retraining;
+    ``rope_scaling`` is one evaluation-time extension for every RoPE run. The evaluation flags
+    left None take their defaults in a sweep, and in a report alone of one folder the settings
+    its record (``sweep.json``) holds."""
+    is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
+    log = _quiet if quiet else print_to_stderr
+    if out is not None:
+        check_out_dir(out)
+    training, rope_scalings = split_varies(vary or [], rope_scaling)
+    flags = {
+        "eval_lengths": eval_lengths,
+        "rope_scalings": rope_scalings,
+        "eval_batches": eval_batches,
+        "prompt": prompt,
+        "max_new_tokens": max_new_tokens,
+    }
+    if training is not None or is_config:
+        if not is_config:
+            raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
+        if training is None and rope_scalings is None:
+            raise ConfigError(
+                f"{paths[0]}: a sweep needs --vary KEY=V1,V2,... (e.g. model.position=rope,alibi)"
+            )
+        key, values = training if training is not None else (None, None)
+        if rope_scalings is not None:  # refused before any training, not after it
+            settings = [[f"{key}={v}"] for v in values or []] if key else [[]]
+            configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
+            _check_rope(c.model.layer_positions for c in configs)
+        out_dir = Path(out) if out is not None else DEFAULT_OUT
+        evaluation = Evaluation().given(**flags)
+        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs)
+        return report(runs, out_dir, evaluation, device=device, log=log)
+    if seeds is not None or overrides or jobs != 1:
+        raise ConfigError(
+            "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
+        )
+    runs = find_runs(paths)
+    recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
+    evaluation = Evaluation()
+    if recorded is not None:  # the report this folder holds: its runs in order, its settings
+        order, evaluation = recorded
+        runs = [r for r in order if r in runs] + [r for r in runs if r not in order]
+    evaluation = evaluation.given(**flags)
+    if out is not None:
+        out_dir = Path(out)
+    elif len(paths) == 1:
+        out_dir = Path(paths[0])  # the sweep folder (or the run) the report is about
+    else:
+        out_dir = DEFAULT_OUT
+        _refuse_other_report(out_dir, runs)
+    return report(runs, out_dir, evaluation, device=device, log=log)
+
+
+def _refuse_other_report(out_dir: Path, runs: list[Path]) -> None:
+    """A report in ``out_dir`` about other runs is not replaced unless the user names --out."""
+    try:
+        earlier = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+        theirs = {Path(r["run_dir"]).resolve() for r in earlier["runs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no report there, or none that lm wrote
+    if theirs != {Path(r).resolve() for r in runs}:
+        raise LMError(
+            f"{out_dir}: holds the report of other runs; pass --out to write this one elsewhere"
+        )

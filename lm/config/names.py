@@ -1,0 +1,64 @@
+"""The words a config may use, in one place: every choice of every section, the position schemes
+with where each acts, and the builtin sources with the tasks among them.
+
+The model's parts (``lm.model.position``) and the data's generators (``lm.data.tasks``) read
+these names; the config never reads them back, so it loads without importing the model or the
+data (a test holds the model's registry to this table).
+"""
+
+from __future__ import annotations
+
+SCHEME_PLACES = {
+    "rope": "queries and keys",
+    "sinusoidal": "embeddings",
+    "learned": "embeddings",
+    "alibi": "scores",
+    "t5": "scores",
+    "kerple": "scores",
+    "fire": "scores",
+    "none": "nothing",
+}
+"""Every ``model.position`` and where it acts (notes, "Causal masks restrict access; position
+signals describe location"): on the embeddings (added to ``E[w]``, below every layer at once),
+on the queries and keys (rotated), on the scores (a bias added to ``S``), or nowhere."""
+
+POSITIONS = tuple(SCHEME_PLACES)
+
+KERNELS = ("sdpa", "flex", "math")
+"""``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``)."""
+
+ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
+"""RoPE context extensions (``lm.model.position.rope``): none, Position Interpolation,
+NTK-aware, YaRN."""
+
+DATA_MODES = ("packed", "padded")
+SPLIT_BY = ("file", "line", "paragraph")
+VAL_SPLITS = ("tail", "random")
+BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
+
+TASKS = ("copy", "reverse", "addition")
+"""The generated tasks (``lm.data.tasks``)."""
+
+BUILTINS = ("python-docs", *TASKS)
+"""``data.source: builtin:NAME``: CPython's help topics, or a generated task."""
+
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+OPTIMIZERS = ("adamw", "muon")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "fp32", "bf16", "fp16")
+ON_NONFINITE = ("stop", "skip")
+
+
+def task_of(source: str) -> str | None:
+    """The task a ``data.source`` names (``builtin:copy`` -> ``copy``), or None."""
+    name = source.strip().removeprefix("builtin:")
+    return name if source.strip().startswith("builtin:") and name in TASKS else None
+
+
+def task_tokens(task: str, length: int) -> int:
+    """Characters of the longest example of ``task`` at ``length`` with its end of document:
+    prompt, answer and ``<eod>`` (``lm.data.tasks`` writes them; for addition the answer may
+    carry one more digit). The config checks with it that examples fit the context."""
+    if task == "addition":
+        return (2 * length + 2) + (length + 1) + 1  # a+b= then the sum then <eod>
+    return (length + 1) + length + 1

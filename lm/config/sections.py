@@ -1,0 +1,552 @@
+"""The three sections of a config as typed, frozen dataclasses, each checked once when it is
+built: ``ModelConfig`` (the network), ``DataConfig`` (text, tokens, batches), ``TrainConfig``
+(the loop and the hardware), and ``Config``, which holds them and checks what spans two. A
+wrong value raises :class:`ConfigError` with one line that names the key and what is allowed.
+Every field's docstring is its documentation (docs/configuration.md is generated from them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from lm.config.errors import ConfigError
+from lm.config.names import (
+    BUILTIN_TOKENIZERS,
+    BUILTINS,
+    DATA_MODES,
+    DEVICES,
+    DTYPES,
+    KERNELS,
+    ON_NONFINITE,
+    OPTIMIZERS,
+    POSITIONS,
+    SCHEDULES,
+    SCHEME_PLACES,
+    SPLIT_BY,
+    TASKS,
+    VAL_SPLITS,
+    task_of,
+    task_tokens,
+)
+from lm.config.values import parse_rope_scaling, parse_task_lengths, value_text
+
+
+def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{section}.{name}: must be {bound}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network: a decoder-only transformer as in the notes."""
+
+    vocab_size: int | None = None
+    """Number of token ids; filled in from the tokenizer when training from a config."""
+    context_length: int = 256
+    """Longest sequence the model is trained on (L in the notes)."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; each has width d_model / n_head (d_k in the notes)."""
+    d_model: int = 128
+    """Width of the residual stream (d in the notes)."""
+    d_ff: int | None = None
+    """Hidden width of the token-wise MLP; default 4 * d_model."""
+    position: str | list[str] = "rope"
+    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
+    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
+    embeddings, below every layer at once: never per layer."""
+    scale_embeddings: bool = True
+    """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
+    which trains far worse (README, "Compare position schemes")."""
+    rope_base: float = 10000.0
+    """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
+    rope_scaling: str | None = None
+    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/position.py)."""
+    rope_fraction: float = 1.0
+    """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
+    rope_original_context: int | None = None
+    """The context RoPE was first trained at (YaRN's L); default context_length."""
+    t5_buckets: int = 32
+    """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
+    t5_max_distance: int = 128
+    """t5 only: the distance from which every longer one shares the last bucket."""
+    fire_width: int = 32
+    """fire only: hidden width of FIRE's MLP of the normalised distance (Li et al.: 32)."""
+    fire_threshold: float = 512.0
+    """fire only: the threshold L (its start; learned) below which queries are normalised by
+    psi(L) instead of psi(their position) (the paper's code: 512)."""
+    random_positions: int | None = None
+    """Training only: each sequence reads a sorted random draw of distinct positions from
+    [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
+    read 0..L-1. null: off."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches during training."""
+    kernel: str = "sdpa"
+    """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; masks and biases through
+    FlexAttention in a model compiled for a GPU) | flex (FlexAttention always) | math (the notes'
+    formula written out). See lm/model/kernels.py. Runs before 0.2 called it attention."""
+    bias: bool = False
+    """Biases in linear layers and norms (the notes omit them)."""
+    tie_embeddings: bool = True
+    """Share the token embedding matrix with the output head."""
+    norm_eps: float = 1e-5
+    """Epsilon of LayerNorm."""
+
+    def __post_init__(self) -> None:
+        s = "model"
+        _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
+        _positive(s, self, "rope_base", "norm_eps")
+        self._check_position()
+        _choice(s, "kernel", self.kernel, KERNELS)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+        if self.kernel == "flex" and self.dropout:
+            raise ConfigError(
+                "model.kernel: flex has no dropout on attention weights; use sdpa, or "
+                "model.dropout: 0"
+            )
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
+            )
+        if "rope" in self.layer_positions and self.head_dim % 2:
+            raise ConfigError(
+                f"model.position: rope rotates feature pairs, so the head width "
+                f"d_model/n_head={self.head_dim} must be even"
+            )
+        if self.position != "sinusoidal" and not self.scale_embeddings:
+            raise ConfigError(
+                f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
+                f"{self.position})"
+            )
+        if self.position == "sinusoidal" and self.d_model % 2:
+            raise ConfigError(
+                f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
+            )
+        self._check_rope()
+        self._check_scheme_keys()
+        self._check_random_positions()
+
+    def _check_random_positions(self) -> None:
+        M = self.random_positions
+        if M is None:
+            return
+        if self.context_length > M:
+            raise ConfigError(
+                f"model.random_positions: {M} is below model.context_length="
+                f"{self.context_length}; training draws a sequence's positions from [0, M), so "
+                "M must be at least the longest sequence"
+            )
+        if set(self.layer_positions) == {"none"}:
+            raise ConfigError("model.random_positions: position: none reads no positions")
+
+    def _check_position(self) -> None:
+        """One scheme, or one per layer (read back as ``layer_positions``)."""
+        if isinstance(self.position, str):
+            _choice("model", "position", self.position, POSITIONS)
+            return
+        text = value_text(self.position)
+        names = list(self.position)
+        repeat = names[-1:] == ["..."]
+        names = names[:-1] if repeat else names
+        if not names:
+            raise ConfigError(
+                f"model.position: {text} names no scheme; give one per layer, for example "
+                "[rope, rope, rope, none]"
+            )
+        for name in names:
+            if name == "...":
+                raise ConfigError(f"model.position: {text}: ... may only end the list")
+            _choice("model", "position", name, POSITIONS)
+            if SCHEME_PLACES[name] == "embeddings":
+                raise ConfigError(
+                    f"model.position: {text}: {name} adds to the embeddings, below every layer "
+                    f"at once, and cannot be chosen per layer (write position: {name})"
+                )
+        if repeat and self.n_layer % len(names):
+            raise ConfigError(
+                f"model.position: {text} repeats {len(names)} schemes, which does not fill "
+                f"n_layer={self.n_layer} layers"
+            )
+        if not repeat and len(names) != self.n_layer:
+            raise ConfigError(
+                f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
+                "layers; give one per layer, or end the list with ... to repeat it"
+            )
+
+    def _check_scheme_keys(self) -> None:
+        """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
+        a model that uses their scheme, so that one config can hold them for a sweep over
+        ``model.position``."""
+        _positive("model", self, "fire_width", "fire_threshold")
+        if self.t5_buckets < 2:
+            raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
+        if self.t5_max_distance <= self.t5_buckets // 2:
+            raise ConfigError(
+                f"model.t5_max_distance: must be above t5_buckets/2 = {self.t5_buckets // 2} "
+                f"(the distances with a bucket each), got {self.t5_max_distance}"
+            )
+
+    def _check_rope(self) -> None:
+        """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
+        parsed here, once, into ``rope_method`` and ``rope_factor``."""
+        object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
+        _positive("model", self, "rope_original_context")
+        if not 0.0 < self.rope_fraction <= 1.0:
+            raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
+        if "rope" not in self.layer_positions:
+            for name, default in (("rope_fraction", 1.0), ("rope_original_context", None)):
+                if getattr(self, name) != default:
+                    raise ConfigError(
+                        f"model.{name}: applies to position: rope only (this model uses "
+                        f"{self.position_text})"
+                    )
+            if self.rope_method != "none":
+                raise ConfigError(
+                    f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "
+                    f"position: {self.position_text}"
+                )
+            return
+        pairs = self.rope_fraction * self.head_dim / 2
+        if round(pairs) < 1 or abs(pairs - round(pairs)) > 1e-6:
+            raise ConfigError(
+                f"model.rope_fraction: {self.rope_fraction} of the {self.head_dim // 2} pairs of "
+                f"a head is {pairs:g} pairs; choose a fraction that gives a whole number >= 1"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def layer_positions(self) -> tuple[str, ...]:
+        """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
+        if isinstance(self.position, str):
+            return (self.position,) * self.n_layer
+        names = [name for name in self.position if name != "..."]
+        return tuple(names * (self.n_layer // len(names)))
+
+    @property
+    def position_range(self) -> int:
+        """How many positions training reads: ``0 .. position_range - 1``."""
+        return self.random_positions or self.context_length
+
+    @property
+    def position_text(self) -> str:
+        """``position`` as a reader writes it: ``rope``, ``[rope, rope, rope, none, ...]``."""
+        return value_text(self.position)
+
+    @property
+    def rope_method(self) -> str:
+        """The context extension's method: none | pi | ntk | yarn."""
+        return self._rope_scaling[0]
+
+    @property
+    def rope_factor(self) -> float:
+        """The context extension's factor s (1.0 for none)."""
+        return self._rope_scaling[1]
+
+    @property
+    def rope_pairs(self) -> int:
+        """How many of each head's feature pairs RoPE rotates (the first ones)."""
+        return round(self.rope_fraction * self.head_dim / 2)
+
+    @property
+    def rope_context(self) -> int:
+        """The trained context L that YaRN's ramp measures wavelengths against."""
+        return self.rope_original_context or self.context_length
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where text comes from, how it becomes token ids, and how ids become batches."""
+
+    source: str = "builtin:python-docs"
+    """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
+    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/tasks.py)."""
+    config_name: str | None = None
+    """Hub dataset configuration (for example wikitext-2-raw-v1)."""
+    split: str = "train"
+    """Hub split to train on."""
+    streaming: bool = False
+    """Stream a Hub dataset instead of downloading it whole (use with max_documents)."""
+    max_documents: int | None = None
+    """Use only the first N documents of the source."""
+    split_by: str = "file"
+    """For .txt sources, one document per: file | line | paragraph (blank-line separated)."""
+    text_field: str = "text"
+    """Field holding the text in .jsonl/.json/.parquet and Hub sources."""
+    tokenizer: str = "char"
+    """char | byte | bpe | a path to a tokenizer.json."""
+    vocab_size: int | None = None
+    """Vocabulary size to train a bpe tokenizer to (specials included)."""
+    mode: str = "packed"
+    """packed (documents joined into one stream, random windows) | padded (one doc per row)."""
+    document_mask: bool = False
+    """In packed mode, keep attention inside each document and restart positions at each."""
+    val_fraction: float = 0.1
+    """Fraction held out for validation when the source has no validation split."""
+    val_split: str = "tail"
+    """How to hold it out: tail (the end of the source) | random (documents chosen by seed)."""
+    seed: int = 1337
+    """Seed of the random validation split and of a builtin task's examples."""
+    task_lengths: str = "1-20"
+    """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
+    of the input, or digits of each operand)."""
+    task_eval_lengths: str = "1-40"
+    """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
+    task_examples: int = 20000
+    """builtin tasks: training examples generated (val_fraction of them held out)."""
+    task_eval_examples: int = 100
+    """builtin tasks: examples per evaluation length."""
+    num_proc: int | None = None
+    """Processes for tokenizing; default: the CPU count, capped at 8."""
+    cache_dir: str | None = None
+    """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
+
+    def __post_init__(self) -> None:
+        s = "data"
+        _choice(s, "mode", self.mode, DATA_MODES)
+        _choice(s, "split_by", self.split_by, SPLIT_BY)
+        _choice(s, "val_split", self.val_split, VAL_SPLITS)
+        _positive(s, self, "max_documents", "num_proc", "vocab_size")
+        if not self.source.strip():
+            raise ConfigError("data.source: must name a file, folder, glob, Hub id or builtin:")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction: must be in (0, 1), got {self.val_fraction!r}")
+        if self.tokenizer not in BUILTIN_TOKENIZERS and not self.tokenizer.endswith(".json"):
+            raise ConfigError(
+                f"data.tokenizer: {self.tokenizer!r} is not char, byte, bpe or a path to a "
+                "tokenizer.json"
+            )
+        if self.tokenizer == "bpe" and self.vocab_size is None:
+            raise ConfigError("data.vocab_size: required with tokenizer: bpe (for example 1024)")
+        if self.document_mask and self.mode != "packed":
+            raise ConfigError("data.document_mask: only applies to mode: packed")
+        self._check_task()
+
+    def _check_task(self) -> None:
+        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        source = self.source.strip()
+        if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
+            known = ", ".join(f"builtin:{b}" for b in BUILTINS)
+            raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
+        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+        if task_of(source) is None:
+            for key in keys:
+                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
+                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
+                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
+            return
+        _positive("data", self, "task_eval_examples")
+        if self.task_examples < 2:
+            raise ConfigError(
+                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
+                "validate on)"
+            )
+        self.task_ranges()
+
+    def task_ranges(self) -> tuple[range, range]:
+        """A task's training and evaluation lengths."""
+        return (
+            parse_task_lengths(self.task_lengths, "data.task_lengths"),
+            parse_task_lengths(self.task_eval_lengths, "data.task_eval_lengths"),
+        )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation loop, evaluation, checkpoints and hardware."""
+
+    max_steps: int = 1000
+    """Optimizer steps to train for."""
+    batch_size: int = 32
+    """Global sequences per optimizer step, whatever the process count."""
+    micro_batch_size: int | None = None
+    """Sequences per process per forward pass; accumulation = batch_size / (this x processes)."""
+    grad_accum: int = 1
+    """Without micro_batch_size: micro-batches per optimizer step on each process."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = 100
+    """Linear warmup from 0 to lr."""
+    schedule: str = "cosine"
+    """After warmup: cosine | linear | constant | wsd (constant, then linear decay)."""
+    decay_fraction: float = 0.2
+    """For wsd: fraction of max_steps spent decaying at the end."""
+    optimizer: str = "adamw"
+    """adamw | muon (Muon for hidden matrices, AdamW for embeddings, head and norms)."""
+    muon_lr: float = 0.02
+    """Peak learning rate of Muon's hidden matrices (the schedule scales it like lr)."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to matrices only."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    eval_every: int = 250
+    """Evaluate every N steps (and at the end); 0 disables periodic evaluation."""
+    eval_steps: int | None = None
+    """Batches per evaluation; default: the whole validation split."""
+    eval_batch_size: int | None = None
+    """Sequences per evaluation batch; default: the training micro-batch (of one process)."""
+    checkpoint_every: int = 500
+    """Save a checkpoint every N steps (and at the end); 0: only at the end."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
+    log_every: int = 10
+    """Write a training line to metrics.jsonl every N steps."""
+    seed: int = 1337
+    device: str = "auto"
+    """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
+    dtype: str = "auto"
+    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
+    threads: int | None = None
+    """CPU threads of this run's math; default: torch's (the cores). The numbers do not depend
+    on it: a run on one thread equals the same run on two, bit for bit (fp32)."""
+    compile: bool | None = None
+    """torch.compile the model: true | false; left out (null), it compiles on CUDA only."""
+    parallel: str = "ddp"
+    """With several processes: ddp (a model copy on each) | fsdp (weights, gradients and
+    optimizer state sharded over them, for models beyond one GPU's memory)."""
+    on_nonfinite: str = "stop"
+    """On a NaN/inf loss or gradient: stop (keep the last good checkpoint) | skip the update."""
+    on_checkpoint_error: str = "stop"
+    """When a checkpoint cannot be written (disk full, no permission): stop | continue."""
+    target_loss: float | None = None
+    """Stop as soon as an evaluation reaches this validation loss."""
+    tensorboard: bool | None = None
+    """TensorBoard event files in the run directory: true | false; null (default): if installed."""
+    dist_timeout_s: float = 3600.0
+    """Under torchrun: seconds a process waits for the others (first data preparation included)."""
+
+    def __post_init__(self) -> None:
+        s = "train"
+        _choice(s, "schedule", self.schedule, SCHEDULES)
+        _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
+        _choice(s, "device", self.device, DEVICES)
+        _choice(s, "dtype", self.dtype, DTYPES)
+        _choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
+        if self.parallel == "fsdp" and self.dtype == "fp16":
+            # FSDP2's mixed precision has no gradient scaler to pair with fp16's narrow range.
+            raise ConfigError(
+                "train.dtype: fp16 cannot run sharded (train.parallel: fsdp); use bf16 or fp32, "
+                "or parallel: ddp"
+            )
+        if self.parallel == "fsdp" and self.optimizer == "muon":
+            # Muon orthogonalises whole matrices; FSDP gives each process a slice of rows.
+            raise ConfigError(
+                "train.optimizer: muon works on whole matrices and cannot run sharded "
+                "(train.parallel: fsdp); use adamw, or parallel: ddp"
+            )
+        if self.compile is not None and not isinstance(self.compile, bool):  # (from Python)
+            raise ConfigError(f"train.compile: expected true, false or None, got {self.compile!r}")
+        _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
+        _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
+        _positive(s, self, "micro_batch_size", "dist_timeout_s", "threads")
+        _positive(s, self, "muon_lr")
+        _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
+        _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
+        _positive(s, self, "eval_every", "checkpoint_every", allow_zero=True)
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr: {self.min_lr} is above train.lr={self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"train.{name}: must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"train.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
+        if self.micro_batch_size is not None and self.grad_accum != 1:
+            raise ConfigError(
+                "train.grad_accum: set micro_batch_size or grad_accum, not both "
+                "(accumulation follows from batch_size / (micro_batch_size x processes))"
+            )
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(
+                f"train.grad_accum: batch_size={self.batch_size} is not divisible by "
+                f"grad_accum={self.grad_accum}"
+            )
+        self.accumulation(1)  # a config that cannot run even on one process is refused at load
+
+    def accumulation(self, processes: int) -> int:
+        """Micro-batches per optimizer step on each of ``processes``; a ConfigError if the
+        numbers do not divide."""
+        micro = self.micro_batch(processes)
+        if micro * processes > self.batch_size:
+            each = f" x {processes} processes" if processes > 1 else ""
+            raise ConfigError(
+                f"train.micro_batch_size: {micro}{each} is more than train.batch_size "
+                f"{self.batch_size}, the global batch of a step; set micro_batch_size to at most "
+                f"{max(self.batch_size // processes, 1)}"
+            )
+        if self.batch_size % (micro * processes):
+            raise ConfigError(
+                f"train.batch_size: {self.batch_size} is not divisible by micro_batch_size "
+                f"{micro} x {processes} process(es)"
+            )
+        return self.batch_size // (micro * processes)
+
+    def eval_batch(self) -> int:
+        """Sequences per evaluation forward: the training micro-batch (as one process has it,
+        so that the batches evaluated do not depend on the process count) unless
+        eval_batch_size says otherwise; evaluation memory never grows with batch_size."""
+        return self.eval_batch_size or self.micro_batch(1)
+
+    def micro_batch(self, processes: int) -> int:
+        """Sequences per process per forward pass."""
+        if self.micro_batch_size is not None:
+            return self.micro_batch_size
+        parts = self.grad_accum * processes
+        if self.batch_size % parts:
+            raise ConfigError(
+                f"train.batch_size: {self.batch_size} is not divisible by grad_accum "
+                f"{self.grad_accum} x {processes} process(es) (or set train.micro_batch_size)"
+            )
+        return self.batch_size // parts
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        task = task_of(self.data.source)
+        if task is None:
+            return
+        C = self.model.context_length
+        keys = ("task_lengths", "task_eval_lengths")
+        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
+            longest = task_tokens(task, lengths[-1])
+            if longest - 1 > C:  # its inputs: every token but the last target
+                raise ConfigError(
+                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
+                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
+                    "context or shorten the lengths"
+                )
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: Any) -> Config:
+        return dataclasses.replace(self, **sections)

@@ -1,0 +1,656 @@
+"""Text sources -> token ids cached on disk.
+
+:func:`prepare_data` turns a ``DataConfig`` into token ids, in four stages:
+
+1. **Documents**, all through Hugging Face ``datasets``: local ``.txt`` (one document per file,
+   line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
+   Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
+   trainer works offline on any machine). Empty documents are skipped: they hold nothing to
+   predict. A generated task (``builtin:copy``, ``reverse``, ``addition``: :mod:`lm.tasks`)
+   gives one document per example, with where its answer starts.
+2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
+   either the tail of the source or documents drawn with a seed. A single document is split by
+   characters, as nanoGPT splits Tiny Shakespeare (train = the first 90%).
+3. **Tokenizer**: trained on the training split only (and cached), or loaded from a file.
+4. **Token ids**: each document + ``<eod>``, all concatenated into ``train.bin``/``val.bin``,
+   with document offsets in ``.idx`` (and, for a task, each answer's first token in ``.ans``:
+   the loss is on the answers only). The folder is keyed by a hash of the source, the split
+   settings and the tokenizer, and appears atomically, so a second run reads it back.
+
+``lm.batches`` turns the token ids into training and evaluation batches.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import functools
+import glob
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from lm.config.errors import DataError
+from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
+from lm.config.sections import DataConfig
+from lm.data.tasks import training_examples
+from lm.data.tokenizer import TextTokenizer, train_tokenizer
+
+if TYPE_CHECKING:
+    # Imported where documents are read or tokenized: a run whose token ids are cached never
+    # loads datasets and pyarrow (about a second of every start-up).
+    import datasets
+
+LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
+HUB_VAL_SPLITS = ("validation", "valid", "test")
+CACHE_FORMAT = 1
+# Below this much text one process tokenizes faster than a pool of workers starts up.
+SMALL_CORPUS_CHARS = 2_000_000
+
+
+def print_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class TokenizedSplit:
+    tokens: np.ndarray
+    """All documents' ids concatenated, each ending with <eod> (a read-only memmap)."""
+    offsets: np.ndarray
+    """int64 [n_docs + 1]: document i is tokens[offsets[i]:offsets[i + 1]]."""
+    answers: np.ndarray | None = None
+    """int64 [n_docs]: where each document's answer starts, in tokens from its first (a task's
+    prompt is not trained on); None: every token is."""
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    tokenizer: TextTokenizer
+    train: TokenizedSplit
+    val: TokenizedSplit
+    cache_path: Path
+    """The folder holding train.bin/.idx, val.bin/.idx and meta.json."""
+
+
+def prepare_data(
+    cfg: DataConfig,
+    tokenizer_path: str | Path | None = None,
+    log: Callable[[str], None] | None = print_to_stderr,
+) -> PreparedData:
+    """Token ids of the training and validation splits, from the cache when it has them.
+
+    ``tokenizer_path`` (for example a run's own tokenizer.json on resume) replaces
+    ``cfg.tokenizer``. The source is read only when the cache misses. ``log=None`` is silent:
+    no notes and no progress bars.
+    """
+    return _prepare_data(cfg, tokenizer_path, log or _silent)
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """datasets' own progress bars and notices would interleave with lm's lines (which say what
+    is being read and cached): off while lm calls it, restored after."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    verbosity = datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+def ignored_settings(cfg: DataConfig) -> list[str]:
+    """Settings of ``cfg`` that have no effect on this source and tokenizer, as notes (they are
+    accepted, so a config can be shared between sources; a combination that cannot work, such
+    as document_mask with padded, is an error instead)."""
+    notes = []
+    if cfg.vocab_size is not None and cfg.tokenizer in ("char", "byte"):
+        notes.append(
+            f"data.vocab_size is ignored with tokenizer: {cfg.tokenizer} (its vocabulary "
+            "comes from the text)"
+        )
+    source = cfg.source.strip()
+    if source.startswith("builtin:") or _looks_local(source):
+        hub_only = {"split": "train", "config_name": None, "streaming": False}
+        for key, default in hub_only.items():
+            if getattr(cfg, key) != default:
+                notes.append(f"data.{key} applies to Hub datasets only; {source} is read whole")
+    return notes
+
+
+def _prepare_data(
+    cfg: DataConfig, tokenizer_path: str | Path | None, log: Callable[[str], None]
+) -> PreparedData:
+    for note in ignored_settings(cfg):
+        log(f"lm: note: {note}")
+    root = cache_root(cfg)
+    source = _resolve_source(cfg)
+    corpus_key = {
+        "source": source.fingerprint,
+        "max_documents": cfg.max_documents,
+        "val_split": cfg.val_split,
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.seed if cfg.val_split == "random" else None,
+    }
+
+    @functools.cache
+    def splits() -> tuple[datasets.Dataset, datasets.Dataset, int]:
+        log(f"data: reading {cfg.source}")
+        with _quiet_datasets():
+            train, own_val, n_chars = _load_documents(cfg, source, root / "hf")
+            train, val, how = _split(cfg, train, own_val)
+        log(f"data: {len(train)} training and {len(val)} validation documents ({how})")
+        return train, val, n_chars
+
+    tokenizer = _tokenizer(cfg, tokenizer_path, corpus_key, root, lambda: splits()[0], log)
+    key = _hash({"format": CACHE_FORMAT, "corpus": corpus_key, "tokenizer": tokenizer.to_json()})
+    folder = root / "data" / key
+    if (folder / "meta.json").is_file():
+        log(f"data: cached token ids in {folder}")
+    else:
+        train, val, n_chars = splits()
+        num_proc = cfg.num_proc or (
+            1 if n_chars < SMALL_CORPUS_CHARS else min(8, os.cpu_count() or 1)
+        )
+        with _quiet_datasets():
+            _write_cache(folder, {"train": train, "val": val}, tokenizer, num_proc, corpus_key, log)
+    dtype = np.dtype(json.loads((folder / "meta.json").read_text(encoding="utf-8"))["dtype"])
+    train, val = (_read_split(folder, name, dtype) for name in ("train", "val"))
+    data = PreparedData(tokenizer, train, val, folder)
+    for name, split in (("train", data.train), ("val", data.val)):
+        log(f"data: {name} {split.n_tokens:,} tokens in {split.n_docs:,} documents")
+    if tokenizer.unk_id is not None:
+        unknown = int(np.count_nonzero(data.val.tokens == tokenizer.unk_id))
+        if unknown:
+            log(f"data: {unknown:,} validation characters are not in the vocabulary (now <unk>)")
+    return data
+
+
+def _silent(message: str) -> None:
+    pass
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir or os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser()
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where the documents come from, found without reading them (so a cache hit reads nothing)."""
+
+    kind: str  # builtin | task | files | hub
+    fingerprint: dict[str, Any]
+    files: tuple[Path, ...] = ()
+
+
+def _resolve_source(cfg: DataConfig) -> _Source:
+    source = cfg.source.strip()
+    if source.startswith("builtin:"):
+        name = source.removeprefix("builtin:")
+        if name in TASKS:
+            settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
+            return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
+        # The help topics change with the Python release that ships them.
+        return _Source("builtin", {"builtin": name, "python": platform.python_version()})
+    if not _looks_local(source):
+        return _Source("hub", {"hub": source, "config": cfg.config_name, "split": cfg.split})
+    files = _local_files(source)
+    stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    fingerprint = {"files": stats, "split_by": cfg.split_by, "text_field": cfg.text_field}
+    return _Source("files", fingerprint, files)
+
+
+def _looks_local(source: str) -> bool:
+    """A Hub id is ``name`` or ``owner/name``; anything else path-like is a path, so a
+    mistyped file name is reported as missing instead of being looked up on the Hub."""
+    if Path(source).expanduser().exists() or any(c in source for c in "*?["):
+        return True
+    return (
+        Path(source).suffix in LOADERS
+        or source.startswith((".", "/", "~"))
+        or source.count("/") > 1
+    )
+
+
+def _local_files(source: str) -> tuple[Path, ...]:
+    path = Path(source).expanduser()
+    if any(c in source for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"data.source: no files match {source}")
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in LOADERS)
+        if not files:
+            raise DataError(f"data.source: {source}: no {', '.join(LOADERS)} files in the folder")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise DataError(f"data.source: {source}: no such file or folder")
+    suffixes = sorted({f.suffix for f in files})
+    unknown = [s for s in suffixes if s not in LOADERS]
+    if unknown:
+        raise DataError(
+            f"data.source: {source}: cannot read {unknown[0] or 'extension-less'} files "
+            f"(use {', '.join(LOADERS)})"
+        )
+    if len({LOADERS[s] for s in suffixes}) > 1:
+        raise DataError(
+            f"data.source: {source}: mixes {' and '.join(suffixes)} files; use one kind"
+        )
+    return tuple(f.resolve() for f in files)
+
+
+def _load_documents(
+    cfg: DataConfig, source: _Source, hf_cache: Path
+) -> tuple[datasets.Dataset, datasets.Dataset | None, int]:
+    """The training documents, the source's own validation documents (or None), and the
+    number of characters in both; each dataset has a single ``text`` column."""
+    import datasets
+
+    if source.kind == "task":
+        task = task_of(cfg.source)
+        pairs = training_examples(task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed)
+        pairs = pairs[: cfg.max_documents]
+        prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
+        text = [p + a for p, a in pairs]
+        docs = datasets.Dataset.from_dict({"text": text, "prompt": prompts, "answer": answers})
+        return docs, None, sum(map(len, text))
+    if source.kind == "builtin":
+        from pydoc_data.topics import topics
+
+        docs = datasets.Dataset.from_dict({"text": [topics[k] for k in sorted(topics)]})
+        docs, n_chars = _clean(docs, "text", cfg.source, cfg.max_documents)
+        return docs, None, n_chars
+    if source.kind == "files":
+        docs = _load_files(cfg, source.files, hf_cache)
+        docs, n_chars = _clean(docs, cfg.text_field, _where(cfg, source), cfg.max_documents)
+        return docs, None, n_chars
+    train, val = _load_hub(cfg, hf_cache)
+    train, n_chars = _clean(train, cfg.text_field, f"{cfg.source} [{cfg.split}]", cfg.max_documents)
+    if val is not None:
+        val, n_val = _clean(val, cfg.text_field, f"{cfg.source} [validation]", cfg.max_documents)
+        n_chars += n_val
+    return train, val, n_chars
+
+
+def _where(cfg: DataConfig, source: _Source) -> str:
+    return str(source.files[0]) if len(source.files) == 1 else cfg.source
+
+
+def _load_files(cfg: DataConfig, files: tuple[Path, ...], hf_cache: Path) -> datasets.Dataset:
+    loader = LOADERS[files[0].suffix]
+    options = {"sample_by": SAMPLE_BY[cfg.split_by]} if loader == "text" else {}
+    try:
+        docs = _load(loader, files, hf_cache, options)
+    except Exception as e:  # datasets wraps every reader failure; reduce it to one line
+        raise _read_error(e, files, loader, cfg.source) from None
+    field = cfg.text_field
+    if field in docs.column_names and docs.data.column(field).null_count:
+        raise _missing_field(files, loader, hf_cache, field)
+    return docs
+
+
+def _load(loader: str, files: Sequence[Path], hf_cache: Path, options: dict) -> datasets.Dataset:
+    import datasets
+
+    return datasets.load_dataset(
+        loader,
+        data_files=[str(f) for f in files],
+        split="train",
+        cache_dir=str(hf_cache),
+        **options,
+    )
+
+
+def _read_error(error: Exception, files: Sequence[Path], loader: str, source: str) -> DataError:
+    import datasets
+
+    causes = []
+    while error is not None:
+        causes.append(error)
+        error = error.__cause__ or error.__context__
+    if any(isinstance(e, UnicodeDecodeError) for e in causes):
+        for file in files:
+            reason = _utf8_error(file)
+            if reason:
+                return DataError(f"{file}: not UTF-8 text ({reason}); convert it to UTF-8")
+    # The first cause that is not datasets' generic wrapper says what went wrong.
+    useful = [e for e in causes if not isinstance(e, datasets.exceptions.DatasetGenerationError)]
+    first = (useful or causes)[0]
+    reason = (str(first).strip().splitlines() or [type(first).__name__])[0]
+    return DataError(f"data.source: {source}: cannot be read as {loader} ({reason})")
+
+
+def _utf8_error(file: Path) -> str | None:
+    """Why ``file`` is not UTF-8, or None; read in blocks, so a large file costs no memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    position = 0
+    with open(file, "rb") as f:
+        try:
+            while block := f.read(1 << 20):
+                decoder.decode(block)
+                position += len(block)
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            return f"{e.reason} near byte {position + e.start}"
+    return None
+
+
+def _missing_field(files: Sequence[Path], loader: str, hf_cache: Path, field: str) -> DataError:
+    """Name the file and record that lack ``field`` (an error path: reading each file is fine)."""
+    import pyarrow.compute as pc
+
+    for file in files:
+        column = _load(loader, [file], hf_cache, {}).data.column(field)
+        if column.null_count:
+            record = pc.index(pc.is_null(column), True).as_py() + 1
+            return DataError(f"{file}: record {record} has no {field!r} field (data.text_field)")
+    return DataError(f"data.text_field: some records have no {field!r} field")
+
+
+def _load_hub(cfg: DataConfig, hf_cache: Path) -> tuple[Any, Any]:
+    """The Hub dataset's training split and its own validation split (or None)."""
+    import datasets
+
+    offline = datasets.config.HF_HUB_OFFLINE
+    if not offline:
+        reason = _hub_unreachable()
+        if reason:
+            raise DataError(
+                f"data.source: {cfg.source!r} is not a local path and the Hugging Face Hub could "
+                f"not be reached ({reason}); check the network, or set HF_HUB_OFFLINE=1 to use "
+                "a cached copy"
+            )
+    try:
+        found = datasets.load_dataset(
+            cfg.source, cfg.config_name, streaming=cfg.streaming, cache_dir=str(hf_cache)
+        )
+    except ConnectionError:
+        mode = "offline mode is on (HF_HUB_OFFLINE)" if offline else "no network"
+        raise DataError(
+            f"data.source: {cfg.source!r} is not a local path, not in the cache, and the Hugging "
+            f"Face Hub could not be reached ({mode})"
+        ) from None
+    except datasets.exceptions.DatasetNotFoundError:
+        raise DataError(
+            f"data.source: {cfg.source!r} is neither a local path nor a dataset on the Hugging "
+            "Face Hub (or it is private)"
+        ) from None
+    except ValueError as e:  # for example an unknown or missing configuration name
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(
+            f"data.source: {cfg.source!r} (data.config_name={cfg.config_name!r}): {reason}"
+        ) from None
+    if cfg.split not in found:
+        splits = ", ".join(found)
+        raise DataError(f"data.split: {cfg.split!r} is not a split of {cfg.source} ({splits})")
+    val_name = next((s for s in HUB_VAL_SPLITS if s in found and s != cfg.split), None)
+    train, val = found[cfg.split], found[val_name] if val_name else None
+    if cfg.streaming:
+        train, val = (_take(s, cfg.text_field, cfg.max_documents) for s in (train, val))
+    return train, val
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached, or None. huggingface_hub retries a failed connection for
+    about half a minute; one quick connect tells us at once. Behind a proxy only the proxy
+    knows, so that case is left to huggingface_hub."""
+    import datasets
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(datasets.config.HF_ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
+    return None
+
+
+def _take(stream: Any, field: str, limit: int | None) -> datasets.Dataset | None:
+    """The first ``limit`` records (all, when None) of a streamed split, held in memory."""
+    import datasets
+
+    if stream is None:
+        return None
+    return datasets.Dataset.from_dict({field: [r.get(field) for r in islice(stream, limit)]})
+
+
+def _clean(
+    docs: datasets.Dataset, field: str, where: str, max_documents: int | None
+) -> tuple[datasets.Dataset, int]:
+    """Only ``field``, renamed ``text``, without empty documents, at most ``max_documents``;
+    and the number of characters kept."""
+    import pyarrow.compute as pc
+
+    if field not in docs.column_names:
+        raise DataError(
+            f"{where}: no {field!r} field (fields: {', '.join(docs.column_names)}); "
+            "set data.text_field"
+        )
+    column = docs.data.column(field)
+    if column.null_count:
+        raise DataError(f"{where}: some records have no {field!r} field (data.text_field)")
+    dtype = getattr(docs.features[field], "dtype", type(docs.features[field]).__name__)
+    if dtype not in ("string", "large_string"):
+        raise DataError(f"{where}: field {field!r} holds {dtype}, not text (data.text_field)")
+    lengths = pc.utf8_length(column).to_numpy()
+    keep = np.flatnonzero(lengths)[:max_documents]
+    if len(keep) == 0:
+        raise DataError(f"{where}: no text (every document is empty)")
+    docs = docs.select_columns([field])
+    if field != "text":
+        docs = docs.rename_column(field, "text")
+    if len(keep) < len(docs):
+        docs = docs.select(keep)
+    return docs, int(lengths[keep].sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation split
+
+
+def _split(
+    cfg: DataConfig, docs: datasets.Dataset, own_val: datasets.Dataset | None
+) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+    """(train, val, a few words saying how val was chosen); never overlapping, never empty."""
+    import datasets
+
+    if own_val is not None:
+        return docs, own_val, "the source's own validation split"
+    f = cfg.val_fraction
+    n = len(docs)
+    if n == 1:
+        if cfg.val_split == "random":
+            raise DataError(
+                "data.val_split: random holds out whole documents and the source has only one; "
+                "use val_split: tail"
+            )
+        # One document (say, Tiny Shakespeare): hold out the end of its text.
+        text = docs[0]["text"]
+        cut = _train_size(len(text), f, "characters")
+        train = datasets.Dataset.from_dict({"text": [text[:cut]]})
+        val = datasets.Dataset.from_dict({"text": [text[cut:]]})
+        return train, val, f"the last {f:g} of the text"
+    cut = _train_size(n, f, "documents")
+    if cfg.val_split == "tail":
+        return docs.select(range(cut)), docs.select(range(cut, n)), f"the last {f:g}"
+    rng = np.random.default_rng(cfg.seed)
+    is_val = np.zeros(n, bool)
+    is_val[rng.permutation(n)[cut:]] = True
+    how = f"{f:g} drawn with seed {cfg.seed}"
+    return docs.select(np.flatnonzero(~is_val)), docs.select(np.flatnonzero(is_val)), how
+
+
+def _train_size(n: int, fraction: float, units: str) -> int:
+    """How many of ``n`` units train: int(n * (1 - fraction)), nanoGPT's rule (train =
+    data[:int(n * 0.9)]), keeping at least one unit for validation; training may get none."""
+    cut = min(int(n * (1 - fraction)), n - 1)  # 1 - fraction rounds to 1.0 for a tiny fraction
+    if cut == 0:
+        raise DataError(
+            f"data.val_fraction: holding out {fraction:g} of {n} {units} leaves the training "
+            "split empty; lower data.val_fraction or add text"
+        )
+    return cut
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer and token-id cache
+
+
+def _tokenizer(
+    cfg: DataConfig,
+    tokenizer_path: str | Path | None,
+    corpus_key: dict[str, Any],
+    root: Path,
+    training_docs: Callable[[], datasets.Dataset],
+    log: Callable[[str], None],
+) -> TextTokenizer:
+    """The tokenizer to use: loaded from a file, built (byte), or trained on the training split;
+    a trained one is cached so that runs on the same corpus (``lm compare``) share it."""
+    if tokenizer_path is not None or cfg.tokenizer not in BUILTIN_TOKENIZERS:
+        return TextTokenizer.load(tokenizer_path or cfg.tokenizer)
+    if cfg.tokenizer == "byte":
+        return train_tokenizer("byte", ())
+    vocab_size = cfg.vocab_size if cfg.tokenizer == "bpe" else None
+    key = _hash({"corpus": corpus_key, "kind": cfg.tokenizer, "vocab_size": vocab_size})
+    path = root / "tokenizers" / f"{cfg.tokenizer}-{key}.json"
+    if path.is_file():
+        return TextTokenizer.load(path)
+    docs = training_docs()
+    log(f"tokenizer: training {cfg.tokenizer} on the training split")
+    texts = (text for batch in docs.iter(batch_size=1000) for text in batch["text"])
+    tokenizer = train_tokenizer(cfg.tokenizer, texts, vocab_size)
+    log(f"tokenizer: {cfg.tokenizer}, {tokenizer.vocab_size} tokens")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(path)
+    return tokenizer
+
+
+def _write_cache(
+    folder: Path,
+    splits: dict[str, datasets.Dataset],
+    tokenizer: TextTokenizer,
+    num_proc: int,
+    corpus_key: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
+    """Tokenize every split into a temporary folder, then rename it into place: the cache
+    folder either exists complete or not at all."""
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    if num_proc > 1:
+        # The workers are forked; tokenizers would disable its own threads there anyway, with
+        # a warning per worker.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    meta: dict[str, Any] = {"format": CACHE_FORMAT, "corpus": corpus_key, "dtype": dtype.__name__}
+    try:
+        for name, docs in splits.items():
+            log(f"data: tokenizing {len(docs):,} {name} documents with {num_proc} process(es)")
+            ids = _tokenize(docs, tokenizer, num_proc, tmp / f"{name}.arrow", name)
+            meta[name] = _write_split(ids, tmp, name, dtype)
+            del ids
+        for arrow in tmp.glob("*.arrow"):  # datasets' intermediate output, now in the .bin files
+            arrow.unlink()
+        meta["vocab_size"] = tokenizer.vocab_size
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        tmp.rename(folder)
+    except OSError:
+        # Another process may have finished the same cache first; theirs is identical.
+        if not (folder / "meta.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tokenize(
+    docs: datasets.Dataset, tokenizer: TextTokenizer, num_proc: int, arrow: Path, name: str
+) -> datasets.Dataset:
+    """A dataset with one ``ids`` list per document, ``<eod>`` appended (batched, in parallel);
+    a task's prompt and answer are encoded apart, with ``answer`` where the answer starts."""
+    eod = tokenizer.eod_id
+
+    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
+        if "answer" not in batch:
+            return {"ids": [[*ids, eod] for ids in tokenizer.encode_batch(batch["text"])]}
+        prompts, answers = (tokenizer.encode_batch(batch[k]) for k in ("prompt", "answer"))
+        return {
+            "ids": [[*p, *a, eod] for p, a in zip(prompts, answers, strict=True)],
+            "answer": [len(p) for p in prompts],
+        }
+
+    return docs.map(
+        encode,
+        batched=True,
+        batch_size=1000,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=docs.column_names,
+        cache_file_name=str(arrow),
+        desc=f"tokenizing {name}",
+    )
+
+
+def _write_split(ids: datasets.Dataset, folder: Path, name: str, dtype: type) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    column = ids.data.column("ids")  # a fresh map output: no index mapping to honour
+    offsets = np.zeros(len(column) + 1, np.int64)
+    np.cumsum(pc.list_value_length(column).to_numpy(), out=offsets[1:])
+    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="w+", shape=(int(offsets[-1]),))
+    position = 0
+    for chunk in column.chunks:  # one arrow chunk at a time: memory stays bounded
+        flat = chunk.flatten().to_numpy()
+        tokens[position : position + len(flat)] = flat
+        position += len(flat)
+    tokens.flush()
+    del tokens
+    offsets.tofile(folder / f"{name}.idx")
+    if "answer" in ids.column_names:
+        ids.data.column("answer").to_numpy().astype(np.int64).tofile(folder / f"{name}.ans")
+    return {"documents": len(column), "tokens": int(offsets[-1])}
+
+
+def _read_split(folder: Path, name: str, dtype: np.dtype) -> TokenizedSplit:
+    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r")
+    offsets = np.fromfile(folder / f"{name}.idx", dtype=np.int64)
+    answers = folder / f"{name}.ans"
+    return TokenizedSplit(
+        tokens, offsets, np.fromfile(answers, dtype=np.int64) if answers.is_file() else None
+    )

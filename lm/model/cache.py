@@ -1,0 +1,68 @@
+"""The KV cache for incremental decoding: every layer's keys and values, and which slots hold
+real tokens at which positions.
+
+Slots are filled left to right, ``capacity`` at most, and preallocated: attention reads every
+slot (the unfilled ones masked) and new keys are written at a device-side slot index, so a
+one-token step has the same shapes and no host-side slicing at every step, and can be compiled
+or captured as a CUDA graph. Keys are stored after RoPE, each keeping the rotation of its own
+position.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lm.config.sections import ModelConfig
+from lm.model.masks import positions_from_mask
+
+
+class KVCache:
+    """Keys and values ``[layers, B, H, capacity, d_k]``, the key mask and key positions
+    ``[B, capacity]`` (False and 0 at pads and unfilled slots). ``dtype`` stores keys and values
+    in another precision (bf16 under autocast). Only ``extend`` moves the slots: the model
+    calls it once per forward pass, before the layers read and write this pass's slots."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        batch: int,
+        capacity: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        shape = (config.n_layer, batch, config.n_head, capacity, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.key_positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.start = 0  # the current pass's first slot (host bookkeeping)
+        self.length = 0  # slots filled
+        self.positions = self.key_positions[:, :0]  # the current pass's tokens' positions
+        self._real = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens so far
+        self._slot = torch.arange(capacity, device=device)
+        self._next = torch.zeros((), dtype=torch.long, device=device)  # first free slot
+        self._new = self._slot[:0]  # the slots of the current pass
+
+    def extend(self, new_mask: torch.Tensor) -> torch.Tensor:
+        """Give T new tokens (``new_mask [B, T]``, True = real) the next T slots; their
+        positions ``[B, T]``, each row counting on from its own real tokens, are returned and
+        kept as ``positions``."""
+        T = new_mask.shape[1]
+        end = self.length + T
+        if end > self.key_mask.shape[1]:
+            raise ValueError(f"KV cache holds {self.key_mask.shape[1]} slots; {end} requested")
+        positions = positions_from_mask(new_mask, self._real)
+        self._new = self._next + self._slot[:T]  # (T,): written at a device-side index
+        self.key_mask.index_copy_(1, self._new, new_mask)
+        self.key_positions.index_copy_(1, self._new, positions)
+        self._real += new_mask.sum(dim=1)
+        self._next += T
+        self.start, self.length, self.positions = self.length, end, positions
+        return positions
+
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Write one layer's new keys and values ``[B, H, T, d_k]`` into this pass's slots;
+        return that layer's keys and values of every slot, ``[B, H, capacity, d_k]``."""
+        self.k[layer].index_copy_(2, self._new, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, self._new, v.to(self.v.dtype))
+        return self.k[layer], self.v[layer]

@@ -1,0 +1,72 @@
+"""``Y = softmax_row(S + M) V`` three ways, held equal to float tolerance by the tests: the notes'
+formula written out (:func:`attention`, with :func:`softmax_rows`); PyTorch's fused SDPA, whose
+mask-free causal path is flash attention on GPUs; and FlexAttention, which takes the mask as a
+block mask (wholly blocked blocks are skipped) and a score bias as a function of (batch, head,
+query, key), so no ``T x T`` tensor exists. Which one runs is decided once per forward pass
+(``model.kernel``, :mod:`lm.model.plan`); ``lm.model.attention.attend`` calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
+    from torch.nn.attention.flex_attention import flex_attention
+except ImportError:  # pragma: no cover - the pinned PyTorch has it
+    flex_attention = None
+
+FLEX_AVAILABLE = flex_attention is not None
+
+
+def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
+    """``A = softmax_row(S + M)`` from the masked scores, subtracting each row's maximum first:
+    the weights are unchanged and large scores cannot overflow ``exp``. A row with every key
+    blocked gets all-zero weights, never NaN."""
+    row_max = scores.amax(dim=-1, keepdim=True)
+    # A row with every key blocked has max -inf; shifting by 0 keeps exp() at exactly 0 there.
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(scores - row_max)
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention, written out: returns ``(Y, A)``.
+
+    q ``[..., Lq, d_k]``, k ``[..., Lk, d_k]``, v ``[..., Lk, d_v]``; ``mask`` additive (float:
+    the notes' ``M``, a position bias added) or boolean (True = may attend), broadcastable to
+    ``[..., Lq, Lk]``.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S: (..., Lq, Lk)
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    weights = softmax_rows(scores)  # A
+    return weights @ v, weights
+
+
+def flex_backward(device: torch.device) -> bool:
+    """Whether PyTorch's FlexAttention has a backward pass on this device (not on CPU)."""
+    return device.type != "cpu"
+
+
+def flex(q, k, v, score_mod=None, block_mask=None) -> torch.Tensor:
+    """FlexAttention, compiled: inside a compiled model as it is, otherwise compiled on its own
+    (PyTorch's eager FlexAttention is a reference that builds every score, slower than SDPA
+    with a mask)."""
+    run = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
+    return run(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_flex():
+    """``flex_attention`` compiled once. Shapes are static (one compilation per length):
+    Inductor's CPU code for dynamic shapes fails to build in PyTorch 2.13."""
+    return torch.compile(flex_attention, dynamic=False)

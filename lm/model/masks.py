@@ -1,0 +1,134 @@
+"""Which keys each query may read, and where each token sits (notes, "A causal mask removes
+future positions before softmax" and "Implementation detail: padding masks exclude absent
+tokens").
+
+The notes' causal mask ``M`` (:func:`causal_mask`), the key mask of a padded batch and the
+document mask of a packed one, as one boolean tensor (True = may read) for SDPA and the explicit
+formula (:func:`allowed_keys`) or as a FlexAttention block mask (:func:`flex_block_mask`). Every
+scheme counts real tokens only: padding takes no position and each packed document starts
+again at 0 (:func:`positions_from_mask`, :func:`positions_from_segments`); in training,
+positions may be drawn at random instead (:func:`random_positions`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # PyTorch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask
+except ImportError:  # pragma: no cover - the pinned PyTorch has it
+    create_block_mask = None
+
+
+def causal_mask(
+    L: int, device: torch.device | str | None = None, *, keys: int | None = None, first: int = 0
+) -> torch.Tensor:
+    """The notes' additive causal mask ``[L, L]``: 0 on and below the diagonal, -inf above.
+
+    With a KV cache the L queries sit at key slots ``first .. first + L - 1`` of ``keys`` slots,
+    and query i may read slots up to ``first + i``: ``[L, keys]``.
+    """
+    keys = L if keys is None else keys
+    blocked = torch.ones(L, keys, dtype=torch.bool, device=device).triu(diagonal=first + 1)
+    return torch.zeros(L, keys, device=device).masked_fill(blocked, float("-inf"))
+
+
+def allowed_keys(
+    key_mask: torch.Tensor | None,
+    segments: torch.Tensor | None,
+    causal: bool,
+    Lq: int,
+    Lk: int,
+    first: int,
+    device: torch.device,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(mask, no_keys)``: which keys each query may read (boolean, broadcastable to ``[B, H,
+    Lq, Lk]``; None: all), and the query rows left with none (``[B, 1, Lq, 1]``; None: no such
+    row), which read every key instead so that no kernel meets an empty row."""
+    mask = None
+    if key_mask is not None:
+        mask = key_mask[:, None, None, :]  # (B, 1, 1, Lk): the same for every query
+    if segments is not None:  # (B, 1, L, L): True where query and key share a document
+        same = (segments[:, :, None] == segments[:, None, :])[:, None]
+        mask = same if mask is None else mask & same
+    allowed = mask
+    if causal:  # (Lq, Lk): query i reads slots up to first + i
+        order = causal_mask(Lq, device, keys=Lk, first=first) == 0
+        allowed = order if mask is None else mask & order
+    if mask is None:
+        return allowed, None  # causality alone leaves every query its own key
+    no_keys = ~allowed.any(dim=-1, keepdim=True)
+    return allowed | no_keys, no_keys
+
+
+def flex_block_mask(
+    key_mask: torch.Tensor | None,
+    segments: torch.Tensor | None,
+    causal: bool,
+    L: int,
+    device: torch.device,
+):
+    """FlexAttention's block mask for these masks (wholly blocked blocks are skipped); None when
+    every key is allowed."""
+
+    def allowed(b, h, q, k):  # True where query q may read key k
+        ok = q >= k if causal else q == q
+        if segments is not None:
+            ok = ok & (segments[b, q] == segments[b, k])
+        if key_mask is not None:
+            ok = ok & key_mask[b, k]
+        return ok
+
+    rows = next((t.shape[0] for t in (key_mask, segments) if t is not None), None)
+    if not causal and rows is None:
+        return None
+    return create_block_mask(allowed, rows, None, L, L, device)
+
+
+# Where each token sits.
+
+
+def positions_from_mask(key_mask: torch.Tensor, start: torch.Tensor | int = 0) -> torch.Tensor:
+    """Positions that count real tokens only: ``[B, L]``, pads get the position of the next one.
+
+    ``start`` (an int or ``[B]``) is each row's count of real tokens before these, for decoding.
+    """
+    start = torch.as_tensor(start, device=key_mask.device).reshape(-1, 1)
+    return (start + key_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def random_positions(
+    batch: int,
+    length: int,
+    limit: int,
+    key_mask: torch.Tensor | None = None,
+    segments: torch.Tensor | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Randomized positions (Ruoss et al. 2023, "Randomized Positional Encodings Boost Length
+    Generalization of Transformers"): every run of tokens that counts its positions from 0 (a
+    row's real tokens, or one document of a packed row) gets, for its n positions, n distinct
+    integers drawn at random from ``[0, limit)`` and sorted, instead of ``0 .. n-1``. So a model
+    trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
+    length]``, drawn from torch's generator (a checkpoint keeps its state).
+
+    lm draws them in training only (``build_plan``); evaluation and sampling read ``0 .. n-1``.
+    The paper's code (google-deepmind/randomized_positional_encodings) draws them at every call,
+    evaluation included, and one draw per batch rather than per sequence."""
+    starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for marks in (key_mask, segments):  # a run ends where padding or the document changes
+        if marks is not None:
+            starts[:, 1:] |= marks[:, 1:] != marks[:, :-1]
+    run = starts.long().cumsum(dim=1) * limit  # (B, T): orders the runs, in row order
+    draw = torch.rand(batch, limit, device=device).argsort(dim=1)[:, :length]  # distinct
+    return (run + draw).sort(dim=1).values - run  # each run's own draws, ascending
+
+
+def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Positions restarting at 0 where the segment id changes, ``[B, L]``."""
+    B, L = segment_ids.shape
+    index = torch.arange(L, device=segment_ids.device).expand(B, L)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first

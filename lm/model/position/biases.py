@@ -1,0 +1,225 @@
+"""Position as a bias on the scores, ``A = softmax(S + B + M)``: ALiBi (fixed slopes), T5
+(learned buckets of distance), KERPLE (a learned logarithmic kernel) and FIRE (a learned MLP of
+the normalised distance). Each names its paper and says whether its parameters are shared
+across layers. Each writes its bias as the paper does, ``bias_at(head, query, key)``, and the
+plan puts it in the form the kernel takes (``Plan.additive_mask``)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+
+from lm.config.sections import ModelConfig
+from lm.model.plan import AdditiveMask, Plan
+from lm.model.position.base import Scheme
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """ALiBi's per-head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... (Press et al.).
+
+    For a head count that is not a power of two, the paper's recipe: the slopes of the closest
+    smaller power of two, then every other slope of the next power of two.
+    """
+
+    def powers(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_head).is_integer():
+        slopes = powers(n_head)
+    else:
+        lower = 2 ** math.floor(math.log2(n_head))
+        slopes = powers(lower) + powers(2 * lower)[0::2][: n_head - lower]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBi(Scheme):
+    """ALiBi (Press et al. 2022, "Train Short, Test Long"): head h adds ``-m_h |l - j|`` to the
+    score of query position l and key position j, with fixed slopes ``m_h``. The bias depends on
+    positions alone, so it is built once per forward pass and shared by the layers."""
+
+    name = "alibi"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
+
+    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return -self.slopes[head] * (query - key).abs()
+
+    def prepare(self, plan: Plan) -> Plan:
+        return plan.sharing(ALiBi, plan.additive_mask(self.bias_at))
+
+    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+        return plan.shared[ALiBi]
+
+
+def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
+    """T5's causal ("unidirectional") bucket of the distance ``n = l - j`` from key j back to
+    query l (Raffel et al. 2020, section 2.1; Mesh TensorFlow's ``_relative_position_bucket``
+    with ``bidirectional=False``): the first ``buckets // 2`` buckets hold one distance each,
+    ``0 .. buckets//2 - 1``; the others split ``buckets//2 .. max_distance`` on a logarithmic
+    scale, ``buckets//2 + floor(log(n / (buckets//2)) / log(max_distance / (buckets//2)) *
+    (buckets - buckets//2))``, and every longer distance shares the last bucket. A key after
+    its query (n < 0, hidden by the causal mask) falls in bucket 0."""
+    n = distance.clamp(min=0)
+    exact = buckets // 2
+    scale = (buckets - exact) / math.log(max_distance / exact)
+    # float32, as the reference computes it; clamped to 1 so that log never sees 0 (unused there)
+    far = exact + (torch.log(n.float().clamp(min=1.0) / exact) * scale).long()
+    return torch.where(n < exact, n, far.clamp(max=buckets - 1))
+
+
+class T5(Scheme):
+    """T5's relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer
+    Learning with a Unified Text-to-Text Transformer", section 2.1): head h adds a learned scalar
+    ``b_h[bucket(l - j)]`` to the score of query l and key j, one per bucket of distance
+    (:func:`t5_bucket`, causal buckets: a decoder reads only keys behind it), ``model.t5_buckets``
+    buckets (the paper's 32) up to ``model.t5_max_distance`` (128).
+
+    Shared across layers: the paper shares one table among all layers ("we also share the
+    position embedding parameters across all layers in our model, though within a given layer
+    each attention head uses a different learned position embedding"), and so does lm: the first
+    layer using ``t5`` holds the table ``[heads, buckets]`` (as transformers' T5 does) and builds
+    the bias once per forward pass; the other ``t5`` layers read it from the plan. T5 adds the
+    bias to the unscaled logits ``q·k`` (its initialisation absorbs 1/sqrt(d_k)); lm adds it to
+    ``S = q·k / sqrt(d_k)``, as every score bias here. The table starts as transformers' T5
+    starts it, normal with std ``d_model^-0.5``.
+    """
+
+    name = "t5"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.buckets, self.max_distance = config.t5_buckets, config.t5_max_distance
+        if layer is None or layer == config.layer_positions.index("t5"):
+            table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
+            self.table = nn.Parameter(table)
+
+    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """``b_head[bucket(query - key)]`` (broadcast together)."""
+        return self.table[head, t5_bucket(query - key, self.buckets, self.max_distance)]
+
+    def prepare(self, plan: Plan) -> Plan:
+        return plan.sharing(T5, plan.additive_mask(self.bias_at))
+
+    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+        return plan.shared[T5]
+
+
+def positive(r: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
+    """``r`` clamped to at least ``floor`` in value, its gradient passed on as if unclamped: a
+    learned scalar kept positive without editing the parameter inside a forward pass."""
+    return r + (r.clamp(min=floor) - r).detach()
+
+
+def kerple_log(
+    r1: torch.Tensor, r2: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """KERPLE's logarithmic bias ``-r1_h log(1 + r2_h |query - key|)`` (``r1``, ``r2``: ``[H]``,
+    positive)."""
+    return -r1[head] * torch.log1p(r2[head] * (query - key).abs())
+
+
+class KERPLE(Scheme):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional
+    Embedding for Length Extrapolation", the "log" kernel): head h adds ``-r1_h log(1 + r2_h
+    |l - j|)`` to the score of query l and key j, with ``r1_h, r2_h > 0`` learned.
+
+    Per layer: each layer has its own ``r1, r2`` (the paper's code builds them in every attention
+    layer), so each layer computes its own bias in ``bias``. The paper's code starts them at
+    ``U(0, 2)`` and ``U(0, 1)`` and, before every forward pass, clamps them in place to at least
+    0.01; lm starts them so and uses ``max(r, 0.01)`` in the formula (the same numbers) with the
+    gradient passed on unclamped (:func:`positive`), leaving the parameters untouched inside a
+    forward pass.
+    """
+
+    name = "kerple"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
+        self.r2 = nn.Parameter(torch.rand(config.n_head))
+
+    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
+
+    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+        # r1, r2 made positive once, outside FlexAttention's score function (which computes
+        # scalars only: no tensor of its own)
+        return plan.additive_mask(
+            functools.partial(kerple_log, positive(self.r1), positive(self.r2))
+        )
+
+
+def fire_bias(
+    c: torch.Tensor,
+    threshold: torch.Tensor,
+    mlp: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    head: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """FIRE's bias ``f(psi(|i - j|) / psi(max(L, i)))`` of query position i and key position j,
+    with ``psi(x) = log(|c x| + 1)`` and ``f`` the MLP ``mlp = (w1 [W], b1 [W], w2 [H, W], b2
+    [H])``: ``f_h(x) = b2_h + sum_k w2_hk relu(w1_k x + b1_k)``. The MLP is written one hidden
+    unit at a time, so that FlexAttention can run it inside its kernel, one score at a time
+    (it compiles pointwise arithmetic, not a matrix product)."""
+    i, j = query.float(), key.float()
+    psi_d = torch.log((c * (i - j)).abs() + 1)
+    psi_i = torch.log((c * torch.maximum(i, threshold)).abs() + 1) + 1e-6
+    x = psi_d / psi_i  # in [0, 1] for j <= i: progressive interpolation
+    w1, b1, w2, b2 = mlp
+    out = b2[head]
+    for k in range(w1.shape[0]):
+        out = out + w2[head, k] * torch.relu(w1[k] * x + b1[k])
+    return out
+
+
+class FIRE(Scheme):
+    """FIRE (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long
+    Context Transformers"): head h adds ``f_h(psi(i - j) / psi(max(L, i)))`` to the score of
+    query position i and key position j, where ``psi(x) = log(c x + 1)`` amplifies short
+    distances, dividing by ``psi`` of the query position maps every distance into [0, 1]
+    whatever the length ("progressive interpolation"), the threshold L keeps short queries from
+    being normalised by a small number, and ``f`` is a small learned MLP (``1 -> W -> H``, ReLU,
+    ``model.fire_width`` W: the paper's 32), one output per head.
+
+    As the paper's reference code: ``c`` is learned (starting at 0.1) and used as ``|c x|``;
+    ``L = |s L0|`` with ``L0 = model.fire_threshold`` (the code's default, 512) and a learned
+    multiplier s (starting at 1); the MLP starts as PyTorch's ``nn.Linear`` layers do; the
+    normaliser has 1e-6 added. Per layer: each layer has its own MLP, c and L and computes its
+    own bias (sharing one FIRE among all layers, as T5 shares its table, would save parameters
+    and compute; lm does not).
+    """
+
+    name = "fire"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        W, H = config.fire_width, config.n_head
+        self.w1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))  # nn.Linear(1, W): fan-in 1
+        self.b1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))
+        bound = 1 / math.sqrt(W)  # nn.Linear(W, H)
+        self.w2 = nn.Parameter(torch.empty(H, W).uniform_(-bound, bound))
+        self.b2 = nn.Parameter(torch.empty(H).uniform_(-bound, bound))
+        self.c = nn.Parameter(torch.tensor([0.1]))
+        self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # s
+        self.threshold_init = float(config.fire_threshold)  # L0
+
+    def formula_arguments(self) -> tuple:
+        """c, L and the MLP as :func:`fire_bias` takes them, computed once per forward pass."""
+        threshold = (self.threshold_scale * self.threshold_init).abs()[0]
+        return self.c[0], threshold, (self.w1, self.b1, self.w2, self.b2)
+
+    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        return fire_bias(*self.formula_arguments(), head, query, key)
+
+    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+        return plan.additive_mask(functools.partial(fire_bias, *self.formula_arguments()))

@@ -1,0 +1,185 @@
+"""RoPE (Su et al. 2021, "RoFormer"; notes, "RoPE rotates query and key pairs by their
+positions"): pair i of every query and key at position l rotated by ``l theta_i``, so that a
+query-key score depends on the offset only. Also partial RoPE (only the first pairs rotate) and
+three ways to extend a RoPE model past its trained context: Position Interpolation, NTK-aware
+scaling and YaRN, each function with its formula and source. :class:`RopeAngles` turns positions
+into angles; :class:`RoPE` is the scheme's part."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lm.config.sections import ModelConfig
+from lm.model.plan import Plan
+from lm.model.position.base import Scheme
+
+
+def rope_frequencies(
+    head_dim: int,
+    base: float = 10000.0,
+    pairs: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The notes' ``theta_i = base^(-2i/d)`` for each of a head's ``head_dim/2`` pairs, float64.
+
+    Partial RoPE (``pairs`` < ``head_dim/2``): the first ``pairs`` pairs rotate, with ``d`` their
+    width ``2 * pairs`` so that their frequencies still span ``1 .. 1/base`` (GPT-NeoX's
+    ``rotary_pct``); the other pairs get frequency 0, so they are never rotated.
+    """
+    d = head_dim if pairs is None else 2 * pairs
+    theta = base ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+    if d < head_dim:
+        theta = torch.cat([theta, theta.new_zeros((head_dim - d) // 2)])
+    return theta
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair ``(x[..., 2i], x[..., 2i+1])`` by ``R(alpha_i)``; cos/sin ``[..., L, d/2]``.
+
+    ``R(a) = [[cos a, -sin a], [sin a, cos a]]`` acting on the column ``(x_2i, x_2i+1)``.
+    Per-sequence angles ``[B, L, d/2]`` meet per-head ``x [B, H, L, d]`` across the head axis.
+    """
+    if cos.dim() == 3 and x.dim() == 4:
+        cos, sin = cos[:, None], sin[:, None]
+    # Half precision inputs rotate in float32, as the angles' digits matter more than speed here.
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    # Pair i as the complex number x_2i + i x_2i+1: R(a) acting on it is the product with e^(ia),
+    # (x_2i cos a - x_2i+1 sin a) + i (x_2i sin a + x_2i+1 cos a), one fused product. (Read in
+    # place: the pairs of a view of even strides, as q and k are, are complex numbers already.)
+    pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))  # (..., L, d/2)
+    rotated = pairs * torch.complex(cos.to(work.dtype), sin.to(work.dtype))
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
+
+
+def pi_positions(positions: torch.Tensor, factor: float) -> torch.Tensor:
+    """Position Interpolation (Chen et al. 2023, "Extending Context Window of Large Language
+    Models via Positional Interpolation"): every position ``m`` becomes ``m / s``, so a context
+    ``s`` times the trained one is squeezed into the angles the model saw in training."""
+    return positions.to(torch.float64) / factor
+
+
+def ntk_base(base: float, factor: float, rotated_dim: int) -> float:
+    """NTK-aware scaling (bloc97, r/LocalLLaMA, 2023): the base becomes ``base * s^(d/(d-2))``
+    with ``d`` the rotated width. The fastest pair keeps its frequency (it tells neighbours
+    apart) and the slowest is divided by ``s`` (it then spans ``s`` times the context), with
+    the pairs between interpolated less the faster they turn."""
+    if rotated_dim <= 2:  # one pair: theta_0 = base^0 = 1 whatever the base
+        return base
+    return base * factor ** (rotated_dim / (rotated_dim - 2))
+
+
+def yarn_frequencies(
+    theta: torch.Tensor, factor: float, context: int, alpha: float = 1.0, beta: float = 32.0
+) -> torch.Tensor:
+    """YaRN's "NTK-by-parts" frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
+    Extension of Large Language Models", section 3.2).
+
+    A pair of frequency ``theta_i`` has wavelength ``lambda_i = 2 pi / theta_i`` and turns
+    ``r_i = L / lambda_i`` times over the trained context ``L``. The ramp ``gamma_i`` is 0 for
+    ``r_i < alpha``, 1 for ``r_i > beta`` and ``(r_i - alpha) / (beta - alpha)`` between, and
+    ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``: pairs that turn many times over
+    the context are left alone, those that turn less than once are interpolated as PI does.
+    """
+    turns = context * theta / (2 * math.pi)  # r_i = L / lambda_i; an unrotated pair: 0
+    gamma = ((turns - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+    return (1 - gamma) * theta / factor + gamma * theta
+
+
+def yarn_attention_factor(factor: float) -> float:
+    """YaRN's attention temperature (Peng et al. 2024, section 3.4): the logits ``q.k`` are
+    multiplied by ``1/t`` with ``sqrt(1/t) = 0.1 ln s + 1``, applied here to q and to k alike
+    (in cos and sin), so the KV cache and every attention kernel see the same scaled keys."""
+    return 0.1 * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class RopeAngles:
+    """How RoPE turns positions into angles for one head width: the notes' rotation, partial
+    rotation, and a context extension (``method`` none | pi | ntk | yarn, factor ``s``, and the
+    trained context ``context`` that YaRN's ramp needs). ``none`` or a factor of 1 is the
+    notes' RoPE exactly."""
+
+    head_dim: int
+    base: float = 10000.0
+    pairs: int | None = None
+    """Pairs rotated (the first ones); None: all."""
+    method: str = "none"
+    factor: float = 1.0
+    context: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs of features; got an odd width {self.head_dim}")
+
+    @classmethod
+    def of(cls, c: ModelConfig) -> RopeAngles:
+        """RoPE's angles as a model config sets them."""
+        pairs = None if c.rope_fraction == 1.0 else c.rope_pairs
+        return cls(c.head_dim, c.rope_base, pairs, c.rope_method, c.rope_factor, c.rope_context)
+
+    @property
+    def extended(self) -> bool:
+        return self.method != "none" and self.factor != 1.0
+
+    def frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``theta_i'`` of every pair, float64 ``[head_dim/2]`` (PI acts on positions instead)."""
+        d = self.head_dim if self.pairs is None else 2 * self.pairs
+        base = self.base
+        if self.extended and self.method == "ntk":
+            base = ntk_base(base, self.factor, d)
+        theta = rope_frequencies(self.head_dim, base, self.pairs, device)
+        if self.extended and self.method == "yarn":
+            if self.context is None:
+                raise ValueError("YaRN needs the trained context length")
+            theta = yarn_frequencies(theta, self.factor, self.context)
+        return theta
+
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the angles ``position * theta_i'``, ``positions.shape + (head_dim/2,)``.
+
+        YaRN's temperature multiplies both, so rotating q and k scales their dot product by it.
+        """
+        theta = self.frequencies(positions.device)
+        scaled = self.extended and self.method == "pi"
+        where = pi_positions(positions, self.factor) if scaled else positions.to(torch.float64)
+        angles = where[..., None] * theta  # (..., L, d_k/2)
+        # Angles in float64: position * theta loses digits in float32 at long positions.
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if self.extended and self.method == "yarn":
+            scale = yarn_attention_factor(self.factor)
+            cos, sin = cos * scale, sin * scale
+        return cos.to(dtype), sin.to(dtype)
+
+
+class RoPE(Scheme):
+    """RoPE: pair i of every query and key at position l rotated by ``l theta_i`` (values never
+    are), so a query-key score depends on the offset ``s - l`` only (notes, "RoPE compares
+    positions through angle differences"). cos and sin of the trained positions are computed
+    once, kept as unsaved buffers; longer contexts are computed when asked for."""
+
+    name = "rope"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.rope = RopeAngles.of(config)
+        cos, sin = self.rope.cos_sin(torch.arange(config.position_range))  # (C, d_k/2) each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def prepare(self, plan: Plan) -> Plan:
+        """cos and sin at the plan's positions, looked up once for every layer
+        (``plan.position_limit`` bounds the positions without a device read)."""
+        if plan.position_limit <= self.cos.shape[0]:
+            angles = self.cos[plan.positions], self.sin[plan.positions]
+        else:
+            angles = self.rope.cos_sin(plan.positions)
+        return dataclasses.replace(plan, rotation=angles)
+
+    def rotate(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+        return rotate_pairs(x, *plan.rotation)

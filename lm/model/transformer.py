@@ -1,0 +1,234 @@
+"""The decoder-only language model: embeddings, position, pre-norm blocks, LM head.
+
+Reads top to bottom next to the notes: token embedding ``E[w_l]`` (plus ``p_l`` for the additive
+schemes), ``n_layer`` blocks of causal multi-head self-attention and a token-wise MLP, each on a
+residual path, a final norm, and a head that scores every vocabulary entry (tied to ``E``).
+
+Padding: a batch may mix sequences of different lengths, padded on either side. ``key_mask``
+marks the real tokens; padded keys never supply values to real queries and positions count real
+tokens only, so every real token's logits equal those of its sequence run alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lm.config.sections import ModelConfig
+from lm.model.attention import MultiHeadAttention
+from lm.model.cache import KVCache
+from lm.model.kernels import softmax_rows
+from lm.model.plan import Plan, build_plan
+from lm.model.position import embedding_part
+
+
+class MLP(nn.Module):
+    """The token-wise feed-forward network: ``W_2 GELU(W_1 x)``."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.up = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)
+        self.down = nn.Linear(config.ff_dim, config.d_model, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Exact (erf) GELU: GPT-2's tanh approximation is slower on CPUs (scripts/bench.py).
+        return self.down(F.gelu(self.up(x)))
+
+
+class LayerNorm(nn.LayerNorm):
+    """Normalize each position's features to mean 0 and variance 1, then scale (and shift).
+
+    On CPU the two steps are two ops: PyTorch's fused kernel sums the scale's gradient over the
+    positions in one part per thread, so a run's weights would depend on how many threads it
+    had. Summed by autograd, the gradient is the same on any number of threads (so are the
+    runs of ``lm compare --jobs N`` and one at a time, tests/test_jobs.py). A GPU has no thread
+    count to depend on and keeps the one fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            return super().forward(x)
+        y = F.layer_norm(x, self.normalized_shape, eps=self.eps) * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.norm1 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.attn = MultiHeadAttention(config, layer)
+        self.norm2 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), plan, cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("ModelConfig.vocab_size must be set (it comes from the tokenizer)")
+        self.config = config
+        d = config.d_model
+        self.embed = nn.Embedding(config.vocab_size, d)  # E
+        self.pos_embed = embedding_part(config)  # adds p_l for the additive schemes
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.norm = LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        # What the layers share is prepared by the first part of each kind, for all of its kind.
+        parts = [block.attn.position for block in reversed(self.blocks)]
+        self._sharing = list({type(p): p for p in parts}.values())  # a list: the layers own them
+        self.apply(self._init_weights)
+        # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
+        # whatever the depth.
+        for block in self.blocks:
+            for proj in (block.attn.out, block.mlp.down):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Distinct parameters (a tied head counts once); optionally without the embeddings."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.embed.weight.numel() + sum(p.numel() for p in self.pos_embed.parameters())
+        return n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token (forward and backward), as nanoGPT and PaLM count them:
+        ``6 N + 12 L d T``.
+
+        N is every weight a token is multiplied by: the blocks, the final norm and the head's
+        ``vocab x d`` matrix, which is a full matmul whether or not it is tied to the embedding.
+        The token and position tables are lookups, not matmuls, and are left out. ``12 L d T``
+        is attention's two ``T``-long products per layer (``Q K^T`` and ``A V``).
+        """
+        c = self.config
+        n = self.num_parameters(non_embedding=True)
+        if c.tie_embeddings:  # non_embedding dropped the shared matrix together with E
+            n += self.head.weight.numel()
+        return 6 * n + 12 * c.n_layer * c.d_model * seq_len
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[B, T, vocab]`` for ``input_ids [B, T]``.
+
+        ``key_mask [B, T]`` (True = real token) for padded batches; ``segment_ids [B, T]`` for
+        packed windows holding several documents (attention stays inside each document and
+        positions restart at each); ``cache`` to decode incrementally after earlier calls.
+        """
+        if cache is not None:  # the new tokens take the cache's next slots
+            real = torch.ones_like(input_ids, dtype=torch.bool) if key_mask is None else key_mask
+            cache.extend(real)
+        plan = self.plan(input_ids, key_mask, segment_ids, cache)  # positions, masks: once
+        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))  # E[w_l] + p_l
+        for block in self.blocks:
+            x = block(x, plan, cache)  # (B, T, d)
+        return self.head(self.norm(x))  # (B, T, vocab)
+
+    def plan(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        kernel: str | None = None,
+    ) -> Plan:
+        """Where every token sits and which keys each query reads, with what the position
+        scheme shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
+        plan = build_plan(
+            self.config,
+            input_ids,
+            key_mask,
+            segment_ids,
+            cache,
+            training=self.training,
+            kernel=kernel,
+            dtype=self.embed.weight.dtype,
+        )
+        for part in self._sharing:
+            plan = part.prepare(plan)
+        return plan
+
+    def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
+        """An empty KV cache of ``capacity`` slots for ``batch`` sequences, on this model's
+        device, keys and values in ``dtype`` (default: the weights')."""
+        weight = self.embed.weight
+        return KVCache(self.config, batch, capacity, weight.device, dtype or weight.dtype)
+
+    @torch.no_grad()
+    def attention_weights(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
+        """Every layer's softmax input ``S + M`` and attention matrix ``A = softmax_row(S + M)``,
+        ``[B, H, T, T]`` each, through the notes' explicit formula: ``(scores, weights)``
+        per layer."""
+        plan = self.plan(input_ids, kernel="math")
+        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))
+        maps = []
+        for block in self.blocks:
+            scores = block.attn.masked_scores(block.norm1(x), plan)
+            maps.append((scores, softmax_rows(scores)))
+            x = block(x, plan)
+        return maps
+
+
+# Logits above this many elements are scored in chunks of rows, so that no fp32 copy of the whole
+# [B*T, V] logits (and, in training, no saved fp32 log-softmax) exists at once: GPT-2 small at
+# 32 x 1024 tokens would otherwise hold two 6.6 GB fp32 tensors beside its bf16 logits.
+LOSS_CHUNK_ELEMENTS = 1 << 26
+
+
+def loss_sum(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    chunk_elements: int = LOSS_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Summed next-token cross-entropy over real targets (the notes' loss mask).
+
+    The caller divides by the number of real targets in the whole batch, so micro-batches and
+    processes holding different numbers of real tokens still add up to one big batch's mean.
+    Logits of more than ``chunk_elements`` are scored a chunk of rows at a time, each upcast on
+    its own and, under autograd, recomputed in the backward pass instead of kept; the sum is the
+    same up to float rounding (small logits take the one-call path, bit for bit as before).
+    """
+    if loss_mask is not None:
+        targets = targets.masked_fill(~loss_mask, -100)  # ignored by cross_entropy
+    flat, flat_targets = logits.flatten(0, 1), targets.flatten()  # [B*T, V], [B*T]
+    if flat.numel() <= chunk_elements:
+        return _cross_entropy_sum(flat, flat_targets)
+    rows = max(1, chunk_elements // flat.shape[1])
+    recompute = torch.is_grad_enabled() and flat.requires_grad
+    total = None
+    for part, part_targets in zip(flat.split(rows), flat_targets.split(rows), strict=True):
+        if recompute:
+            loss = checkpoint(_cross_entropy_sum, part, part_targets, use_reentrant=False)
+        else:
+            loss = _cross_entropy_sum(part, part_targets)
+        total = loss if total is None else total + loss
+    return total
+
+
+def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``logits`` [N, V] upcast to fp32, ``targets`` [N] (-100: no loss): the summed loss."""
+    return F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
