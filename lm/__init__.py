@@ -1,9 +1,49 @@
 """lm: a small, fast, honest trainer for next-token language models.
 
-The model follows the lecture notes "Attention and Position": ``lm.model`` (the decoder-only LM),
-``lm.attention`` (multi-head attention), ``lm.kernels`` (the notes' formula and causal mask),
-``lm.position`` (the position schemes: RoPE, sinusoids, learned, ALiBi, T5, KERPLE, FIRE, none).
-``lm.train.train(config, run_dir)`` is the training loop; ``lm.cli`` the command line.
+The Python API (docs/python-api.md)::
+
+    import lm
+    result = lm.train("configs/default.yaml", "runs/default")
+    run = lm.load("runs/default")
+    print(lm.generate(run, "The with statement", max_new_tokens=100)[0])
+    print(lm.loss_at(run, ["1x", "2x"]))
+
+and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causal_mask``,
+``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``. The package's wings: ``lm.model`` (the
+network), ``lm.data``, ``lm.training``, ``lm.compare``, ``lm.hf``, on ``lm.config``, ``lm.runs``
+and ``lm.runtime``. Names load on first use, so ``import lm`` (and the command line) stays quick.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_API = {
+    "train": "lm.api",
+    "load": "lm.api",
+    "generate": "lm.api",
+    "loss_at": "lm.api",
+    "attention": "lm.api",
+    "attention_mask": "lm.api",
+    "causal_mask": "lm.api",
+    "sinusoids": "lm.api",
+    "rope": "lm.api",
+    "Config": "lm.config.sections",
+    "load_config": "lm.config.load",
+    "TransformerLM": "lm.model.transformer",
+}
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    """The API's names, imported when first asked for (PEP 562)."""
+    if name not in _API:
+        raise AttributeError(f"module 'lm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_API[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -50,10 +50,10 @@ def _int_list(text: str) -> list[int]:
 
 def _lengths(text: str) -> list[str]:
     """Evaluation lengths: tokens (``256``) or multiples of the trained context (``2x``)."""
-    from lm.evaluate import parse_lengths
+    from lm.evaluate import parse_context_lengths
 
     try:
-        return parse_lengths(text)
+        return parse_context_lengths(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -311,25 +311,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from lm.config.load import load_config
-    from lm.runs.directory import check_out_dir
-    from lm.train.loop import train
-    from lm.train.setup import config_for_init, recorded_init_from
+    from lm.api import train
 
-    config = load_config(args.config, args.overrides)
-    run_dir = check_out_dir(Path(args.out) if args.out else Path("runs") / Path(args.config).stem)
-    # A run started from another's weights resumes with that run's tokenizer, as it began.
-    source = args.init_from or (recorded_init_from(run_dir) if args.resume else None)
-    if source:
-        notes = None if args.quiet else lambda line: _say(line, alike=True)
-        config = config_for_init(config, source, notes)
     result = train(
-        config,
-        run_dir,
+        args.config,
+        args.out,
+        overrides=args.overrides,
         resume=args.resume,
         overwrite=args.overwrite,
-        quiet=args.quiet,
         init_from=args.init_from,
+        quiet=args.quiet,
+        notes=None if args.quiet else lambda line: _say(line, alike=True),
     )
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
@@ -372,13 +364,13 @@ def _read_prompts(raw: list[str]) -> list[str]:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    from lm.evaluate import load_evaluated
+    from lm.api import generate, load
     from lm.runtime.device import resolve_device
-    from lm.sample import generate
 
-    device = resolve_device(args.device, "--device")
-    run = load_evaluated(args.run_dir, args.checkpoint, str(device), args.rope_scaling)
-    tok = run.tokenizer
+    device = str(resolve_device(args.device, "--device"))  # a wrong one named by its flag
+    run = load(
+        args.run_dir, checkpoint=args.checkpoint, device=device, rope_scaling=args.rope_scaling
+    )
     texts = _read_prompts(args.prompt)
     if args.temperature == 0.0:
         ignored = [
@@ -395,30 +387,24 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     if args.compile and args.no_kv_cache:
         note = "lm: note: --compile compiles the KV-cache step; --no-kv-cache has none"
         print(note, file=sys.stderr)
-    encoded = []
     for text in texts:
-        unknown = tok.count_unknown(text)
+        unknown = run.tokenizer.count_unknown(text)
         if unknown:
             print(
                 f"lm: {unknown} character(s) of the prompt are not in the vocabulary and became "
                 "<unk>",
                 file=sys.stderr,
             )
-        # An empty prompt starts a new document, as training saw after every <eod>.
-        encoded.append(tok.encode(text) or [tok.eod_id])
-    new = generate(
-        run.model,
-        encoded,
+    outputs = generate(
+        run,
+        texts,
         args.max_new_tokens,
-        tok.pad_id,
-        tok.eod_id,
         temperature=args.temperature,
         top_k=args.top_k,
         seed=args.seed,
-        use_cache=not args.no_kv_cache,
-        compile_step=args.compile,
+        kv_cache=not args.no_kv_cache,
+        compile=args.compile,
     )
-    outputs = [text + tok.decode(ids) for text, ids in zip(texts, new, strict=True)]
     sys.stdout.write("\n\n".join(outputs) + "\n")
     sys.stdout.flush()
     return 0
@@ -508,7 +494,7 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
 
 
 def _cmd_positions(args: argparse.Namespace) -> int:
-    from lm.compare.diagnostics import draw_bias_by_distance, draw_sinusoids, score_by_offset
+    from lm.compare.diagnostics import draw_bias_by_distance, draw_score_by_offset, draw_sinusoids
     from lm.runtime.device import resolve_device
 
     if args.run_dir is None:
@@ -517,7 +503,7 @@ def _cmd_positions(args: argparse.Namespace) -> int:
         raise LMError("--d and --length draw the sinusoid table: give them without RUN_DIR")
     else:
         device = str(resolve_device(args.device, "--device"))
-        _, path = score_by_offset(args.run_dir, args.out, args.windows, device)
+        _, path = draw_score_by_offset(args.run_dir, args.out, args.windows, device)
         beside = None if args.out is None else Path(args.out)
         if beside is not None:
             beside = beside.with_name(f"{beside.stem}_bias{beside.suffix}")

@@ -77,7 +77,7 @@ def evaluate(
     return (total[0].item() / count if count else float("nan")), count
 
 
-def parse_lengths(text: str) -> list[str]:
+def parse_context_lengths(text: str) -> list[str]:
     """``"1x,1.5x,512"`` -> ``["1x", "1.5x", "512"]``: evaluation lengths, each a whole number
     of tokens (at least 2) or a multiple of the trained context written with an ``x``. A value
     given twice is kept once. Raises ValueError with a one-line reason."""

@@ -50,8 +50,8 @@ from lm.runtime.device import autocast_context, compile_model, resolve_device
 from lm.runtime.distributed import World
 from lm.runtime.host import retain_freed_host_memory
 from lm.sample import generate
-from lm.train.optim import build_optimizer
-from lm.train.step import Stepper
+from lm.training.optim import build_optimizer
+from lm.training.step import Stepper
 
 # name: (model shape, sequences per step)
 SHAPES: dict[str, tuple[dict, int]] = {

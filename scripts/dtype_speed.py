@@ -29,8 +29,8 @@ from lm.model.transformer import TransformerLM
 from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
 from lm.runtime.distributed import World
 from lm.runtime.host import retain_freed_host_memory
-from lm.train.optim import build_optimizer
-from lm.train.step import Stepper
+from lm.training.optim import build_optimizer
+from lm.training.step import Stepper
 
 VOCAB = 65  # Tiny Shakespeare's characters
 

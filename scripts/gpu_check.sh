@@ -168,7 +168,7 @@ skip_step() { # skip_step NAME REASON
 }
 
 # env: import lm from this tree; install only if that fails.
-IMPORTS="import lm.train, lm.cli, datasets, tokenizers, safetensors, yaml, pytest"
+IMPORTS="import lm.training, lm.cli, datasets, tokenizers, safetensors, yaml, pytest"
 if ! "$PY" -c "$IMPORTS" >>"$LOG" 2>&1; then
     WHEELS=${GPU_CHECK_WHEELS:-$ROOT/.whl}
     if compgen -G "$WHEELS/*.whl" >/dev/null; then
@@ -189,7 +189,7 @@ print(f"torch {torch.__version__}, CUDA build {torch.version.cuda}, GPU seen: {t
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device: {p.name}, {p.total_memory / 2**30:.1f} GiB, compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs")
-import lm.train, lm.cli, datasets, tokenizers, pytest
+import lm.training, lm.cli, datasets, tokenizers, pytest
 print(f"lm from {lm.__file__}; datasets {datasets.__version__}, tokenizers {tokenizers.__version__}")
 if sys.argv[1] == "cuda" and not torch.cuda.is_available():
     sys.exit("no CUDA device visible to torch: nothing below can run on a GPU")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-import lm.train.step
+import lm.training.step
 from lm.config.errors import LMError
 from lm.config.load import config_from_dict, merge
 from lm.config.sections import Config
@@ -119,7 +119,7 @@ def nan_loss_at_step(step: int) -> Iterator[None]:
     """While open, the training loss of optimizer step ``step`` (0-based) is NaN, and through it
     the step's gradients, as in a diverging run. Patched from outside, in this process."""
     current = {"step": -1}
-    batches_of, loss_sum = TrainBatches.step, lm.train.step.loss_sum
+    batches_of, loss_sum = TrainBatches.step, lm.training.step.loss_sum
 
     def step_batches(self: TrainBatches, i: int) -> Any:
         current["step"] = i
@@ -131,7 +131,7 @@ def nan_loss_at_step(step: int) -> Iterator[None]:
 
     with (
         mock.patch.object(TrainBatches, "step", step_batches),
-        mock.patch.object(lm.train.step, "loss_sum", poisoned_loss_sum),
+        mock.patch.object(lm.training.step, "loss_sum", poisoned_loss_sum),
     ):
         yield
 

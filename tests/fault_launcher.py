@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import lm.runs.checkpoint
-import lm.train.loop
+import lm.training.loop
 from lm.cli import main
 from lm.data.batches import TrainBatches
 
@@ -42,7 +42,7 @@ if __name__ == "__main__":
 
         TrainBatches.step = step
     elif fault == "no-checkpoint-on-rank1" and RANK == 1:
-        lm.train.loop.latest_checkpoint = lambda run_dir: None
+        lm.training.loop.latest_checkpoint = lambda run_dir: None
     elif fault not in ("write-fails-on-rank0", "signal-on-rank1", "no-checkpoint-on-rank1"):
         sys.exit(f"unknown fault {fault!r}")
     sys.exit(main(sys.argv[2:]))

@@ -14,8 +14,8 @@ from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
 from lm.config.errors import ConfigError
 from lm.config.load import load_config
-from lm.train.board import EVENTS_GLOB
-from lm.train.loop import train
+from lm.training.board import EVENTS_GLOB
+from lm.training.loop import train
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_tensorboard_false_writes_nothing_and_the_key_is_checked(tmp_path, data)
 
 
 def test_without_the_package_auto_writes_nothing_and_true_is_refused(tmp_path, data, monkeypatch):
-    monkeypatch.setattr("lm.train.board.tensorboard_installed", lambda: False)
+    monkeypatch.setattr("lm.training.board.tensorboard_installed", lambda: False)
     cfg = tiny_config(data=data, train={"max_steps": 2, "eval_every": 2})
     assert train(cfg, tmp_path / "auto", quiet=True).status == "done"
     assert not list((tmp_path / "auto").glob(EVENTS_GLOB))

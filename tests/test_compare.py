@@ -16,7 +16,7 @@ from _support import expect_error, metrics, write_config
 from PIL import Image
 
 from lm.cli import main
-from lm.compare.diagnostics import draw_attention, score_by_offset
+from lm.compare.diagnostics import draw_attention, draw_score_by_offset
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
 from lm.model.transformer import TransformerLM
@@ -192,7 +192,7 @@ def test_the_scores_averaged_by_offset_are_what_the_softmax_sees(position):
 def test_position_pictures(sweep, tmp_path):
     table = tmp_path / "sinusoids.png"
     assert main(["positions", "--d", "4", "--length", "16", "--out", str(table)]) == 0
-    profile, path = score_by_offset(sweep.runs["rope"], tmp_path / "offsets.png", windows=4)
+    profile, path = draw_score_by_offset(sweep.runs["rope"], tmp_path / "offsets.png", windows=4)
     assert profile.shape == (2, 2, 32) and np.isfinite(profile).all()
     for picture in (table, path):
         with Image.open(picture) as image:

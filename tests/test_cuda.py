@@ -27,7 +27,7 @@ from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.checkpoint import complete_checkpoints
 from lm.runtime.device import autocast_context, compile_model
 from lm.sample import generate
-from lm.train.loop import train
+from lm.training.loop import train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

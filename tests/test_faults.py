@@ -20,7 +20,7 @@ import lm.runs.checkpoint
 from lm.runs.checkpoint import CHECKPOINTS, complete_checkpoints, latest_checkpoint
 from lm.runs.directory import LOCK, RunLocked
 from lm.runs.load import load_run
-from lm.train.loop import train
+from lm.training.loop import train
 
 KILL_TRAIN = {"max_steps": 48, "checkpoint_every": 4, "eval_every": 24, "log_every": 1}
 SLOW_LAUNCHER = Path(__file__).parent / "slow_launcher.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _support import losses, tiny_config
 
-from lm.train.loop import train
+from lm.training.loop import train
 
 GOLDEN = Path(__file__).parent / "golden" / "tiny_loss_curve.json"
 

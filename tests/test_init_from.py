@@ -13,12 +13,12 @@ import torch
 import yaml
 from _support import expect_error, metrics, tiny_config, varied_corpus, write_config
 
-import lm.train.loop
+import lm.training.loop
 from lm.cli import main
 from lm.data.tokenizer import train_tokenizer
 from lm.model.transformer import TransformerLM
 from lm.runs.load import load_run
-from lm.train.setup import config_for_init, init_weights_from
+from lm.training.setup import config_for_init, init_weights_from
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_resume_of_an_imported_run_says_it_has_no_optimizer_state_and_records_no
     def no_data(*args, **kwargs):
         raise AssertionError("the data was prepared")
 
-    monkeypatch.setattr(lm.train.loop, "prepare_data", no_data)
+    monkeypatch.setattr(lm.training.loop, "prepare_data", no_data)
     capsys.readouterr()
     argv = ["train", str(imported / "config.yaml"), "--out", str(imported), "--resume"]
     expect_error(capsys, argv, "imported", "no optimizer state", f"--init-from {imported}")

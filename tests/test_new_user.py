@@ -229,7 +229,7 @@ def test_report_only_compare_keeps_another_sweeps_report(run, tmp_path, monkeypa
 
 
 def test_ctrl_c_in_compare_says_what_was_saved(tmp_path, capsys):
-    from lm.train.loop import TrainResult
+    from lm.training.loop import TrainResult
 
     cfg = write_config(tmp_path / "c.yaml")
     stopped = TrainResult(tmp_path, 6, "interrupted", None, None, 1.0)

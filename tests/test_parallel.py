@@ -22,7 +22,7 @@ from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.runs.checkpoint import latest_checkpoint
 from lm.runs.load import load_run
-from lm.train.loop import train
+from lm.training.loop import train
 
 # Several micro-batches a step (FSDP's gradient sync skipped on all but the last) and a clip
 # that bites (the tiny model's gradient norm is above 0.5 from the start).

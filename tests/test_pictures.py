@@ -136,7 +136,7 @@ def test_positions_names_what_it_plots(tmp_path, position):
 
     from _support import train_via_cli
 
-    from lm.compare.diagnostics import score_by_offset
+    from lm.compare.diagnostics import draw_score_by_offset
 
     run = train_via_cli(tmp_path, max_steps=2) if position == "rope" else None
     if run is None:
@@ -148,7 +148,7 @@ def test_positions_names_what_it_plots(tmp_path, position):
         assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"]) == 0
         run = tmp_path / "run"
     with mock.patch.object(plots, "score_by_offset") as draw:
-        score_by_offset(run, tmp_path / "s.png", windows=1)
+        draw_score_by_offset(run, tmp_path / "s.png", windows=1)
     ylabel = draw.call_args.kwargs["ylabel"]
     assert ("alibi bias" in ylabel) == (position == "alibi"), ylabel
     # lm positions RUN: the score by offset, and the bias alone for a scheme that adds one.

@@ -13,7 +13,7 @@ from lm.config.sections import ModelConfig
 from lm.model.transformer import TransformerLM
 from lm.runs.load import load_run
 from lm.sample import generate
-from lm.train.loop import train
+from lm.training.loop import train
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lm.runs.load
 import lm.runtime.distributed
-import lm.train.loop
-import lm.train.step
+import lm.training.loop
+import lm.training.step
 from lm.config.errors import ConfigError
 from lm.data.batches import TrainBatches
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.checkpoint import latest_checkpoint
-from lm.train.loop import train
-from lm.train.optim import build_optimizer, step_unless_nonfinite
+from lm.training.loop import train
+from lm.training.optim import build_optimizer, step_unless_nonfinite
 
 FAULT_LAUNCHER = Path(__file__).parent / "fault_launcher.py"
 
@@ -61,7 +61,7 @@ def test_evaluation_memory_does_not_grow_with_batch_size(tmp_path):
     micro-batch's widest activation (logits, or the MLP's hidden layer), whatever batch_size
     says."""
     model = {"context_length": 1024, "n_layer": 1, "n_head": 2, "d_model": 32}
-    real_evaluate = lm.train.loop.evaluate
+    real_evaluate = lm.training.loop.evaluate
     largest: list[int] = []
 
     def spied_evaluate(*args, **kwargs):
@@ -78,7 +78,7 @@ def test_evaluation_memory_does_not_grow_with_batch_size(tmp_path):
             train={"batch_size": batch_size, "micro_batch_size": 2, "max_steps": 1,
                    "warmup_steps": 0, "eval_every": 1, "eval_steps": 3},
         )  # fmt: skip
-        with mock.patch.object(lm.train.loop, "evaluate", spied_evaluate):
+        with mock.patch.object(lm.training.loop, "evaluate", spied_evaluate):
             train(cfg, tmp_path / f"b{batch_size}", quiet=True)
         vocab = lm.runs.load.load_run(tmp_path / f"b{batch_size}").config.model.vocab_size
         assert largest, "no evaluation ran"
@@ -162,7 +162,7 @@ def test_no_host_sync_in_a_training_step_between_log_steps(tmp_path, optimizer):
     nature, aside); steps that neither log, evaluate nor save must have none."""
     current = {"step": -1, "in_batches": False}
     syncs: dict[int, int] = {}
-    batches_of, inputs_of = TrainBatches.step, lm.train.step.model_inputs
+    batches_of, inputs_of = TrainBatches.step, lm.training.step.model_inputs
 
     def host_side(function):
         def run(*args):
@@ -195,7 +195,7 @@ def test_no_host_sync_in_a_training_step_between_log_steps(tmp_path, optimizer):
     patches = [mock.patch.object(torch.Tensor, n, counting(n)) for n in _SYNCS]
     with (
         mock.patch.object(TrainBatches, "step", step),
-        mock.patch.object(lm.train.step, "model_inputs", host_side(inputs_of)),
+        mock.patch.object(lm.training.step, "model_inputs", host_side(inputs_of)),
     ):
         for p in patches:
             p.start()

@@ -137,7 +137,7 @@ def test_accuracy_counts_an_answer_only_when_every_token_and_its_end_are_right(
 ):
     cfg = task_config(tmp_path, task_eval_lengths="2-4", task_eval_examples=6)
     cfg = cfg.replace(train=cfg.train.__class__(**{**cfg.train.__dict__, "max_steps": 1}))
-    from lm.train.loop import train
+    from lm.training.loop import train
 
     train(cfg, tmp_path / "run", quiet=True)
     run = load_run(tmp_path / "run")

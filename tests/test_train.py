@@ -28,8 +28,8 @@ from lm.data.batches import PaddedCollator
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.checkpoint import complete_checkpoints, latest_checkpoint
 from lm.runtime.device import compile_model
-from lm.train.loop import train
-from lm.train.optim import build_optimizer, lr_at, orthogonalize
+from lm.training.loop import train
+from lm.training.optim import build_optimizer, lr_at, orthogonalize
 
 
 def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):

@@ -3,7 +3,7 @@ function of query-key offset; plus the sinusoid table on its own.
 
 The notes' claim for RoPE ("RoPE compares positions through angle differences") is that a
 rotated query-key score depends on the offset ``s - l`` rather than on the positions
-themselves. :func:`score_by_offset` measures what a trained model made of that: the pre-softmax
+themselves. :func:`draw_score_by_offset` measures what a trained model made of that: the pre-softmax
 score ``S = q·k / sqrt(d_k)`` (a position bias such as ALiBi's included, as the softmax sees
 it), averaged over every query-key pair at each offset, per layer and head.
 :func:`bias_by_distance` draws the bias alone, for the schemes that add one to the scores.
@@ -39,7 +39,7 @@ class AttentionPicture:
     path: Path
 
 
-def _name(run_dir: str | Path) -> str:
+def _run_title(run_dir: str | Path) -> str:
     """A run's name for a title: its folder and the one above (``position=rope/seed1``)."""
     return "/".join(Path(run_dir).resolve().parts[-2:])
 
@@ -129,12 +129,12 @@ def draw_attention(
         tokens,
         [f"head {h}" for h in heads],
         path,
-        suptitle=f"{_name(run_dir)}: {cfg.position_text} positions, layer {layer}",
+        suptitle=f"{_run_title(run_dir)}: {cfg.position_text} positions, layer {layer}",
     )
     return AttentionPicture(weights, tokens, layer, heads, path)
 
 
-def score_by_offset(
+def draw_score_by_offset(
     run_dir: str | Path,
     out: str | Path | None = None,
     windows: int = 16,
@@ -167,7 +167,7 @@ def score_by_offset(
         profile,
         path,
         ylabel=ylabel,
-        title=f"{_name(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
+        title=f"{_run_title(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
         f"({n} validation windows of {C} tokens)",
     )
     return profile, path
@@ -205,8 +205,8 @@ def draw_bias_by_distance(
         np.stack(list(drawn.values())),
         path,
         ylabel="position bias added to the score",
-        title=f"{_name(run_dir)}: {run.config.model.position_text} bias against distance, query at "
-        f"position {C - 1}",
+        title=f"{_run_title(run_dir)}: {run.config.model.position_text} bias against distance, "
+        f"query at position {C - 1}",
         layers=list(drawn),
     )
 

@@ -48,7 +48,7 @@ from lm.runs.checkpoint import latest_checkpoint, read_state
 from lm.runs.directory import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.runtime.device import resolve_device
 from lm.sample import generate
-from lm.train.loop import train
+from lm.training.loop import train
 
 DEFAULT_OUT = Path("runs/compare")
 DEFAULT_PROMPT = "The for statement"
@@ -80,7 +80,7 @@ class Evaluation:
         return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
 
 
-def write_record(out_dir: Path, runs: list[Path], evaluation: Evaluation) -> None:
+def write_sweep_record(out_dir: Path, runs: list[Path], evaluation: Evaluation) -> None:
     """``out_dir/sweep.json``: the runs of its report in order (relative to ``out_dir`` when
     inside it) and how they are evaluated."""
     names = []
@@ -235,7 +235,7 @@ def run_sweep(
         for seed in seeds
     ]
     configs = [load_config(config_path, keys) for _, keys in plan]  # every one checked first
-    write_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
+    write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     waiting = []
     for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
@@ -430,7 +430,7 @@ def report(
                 )
             )
     markdown = write_report(results, out_dir, prompt, e.max_new_tokens)
-    write_record(Path(out_dir), list(positions), evaluation)
+    write_sweep_record(Path(out_dir), list(positions), evaluation)
     log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and its pictures")
     return markdown
 

@@ -49,7 +49,7 @@ def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False
     if overwrite and out.is_dir() and any(out.iterdir()) and not _is_run(out):
         raise LMError(f"{out}: not an lm run (no config.yaml); not replaced")
     require_transformers()
-    config = _hf_config(hf_dir)
+    config = _read_config(hf_dir)
     shape = model_shape(where, config)
     tokenizer = TextTokenizer.load(hf_dir / TOKENIZER)
     keys, state = from_hf(where, config, _read_weights(hf_dir), shape)
@@ -82,7 +82,7 @@ def _is_run(folder: Path) -> bool:
     )
 
 
-def _hf_config(hf_dir: Path) -> Any:
+def _read_config(hf_dir: Path) -> Any:
     """The folder's config as transformers reads it (legacy key names normalised)."""
     from transformers import AutoConfig
 

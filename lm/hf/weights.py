@@ -279,7 +279,7 @@ def to_hf(
         tensors[_WPE] = torch.zeros(max_positions, d)
     if not tied:
         tensors[_HEAD[model_type][0]] = head
-    config = _hf_config(cfg, model_type, max_positions, tied, ids)
+    config = _target_config(cfg, model_type, max_positions, tied, ids)
     legacy = {}
     if model_type == "gpt_neox":
         # transformers 4 reads these, and without them would rotate a quarter of each head,
@@ -311,7 +311,7 @@ def _check_rope_export(cfg: ModelConfig, keys: dict[str, Any]) -> None:
     check_rope(cfg, AutoConfig.for_model("gpt_neox", **keys), what)
 
 
-def _hf_config(
+def _target_config(
     cfg: ModelConfig, model_type: str, max_positions: int, tied: bool, ids: dict[str, int]
 ) -> dict[str, Any]:
     common = {
@@ -446,7 +446,7 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
         "d_model": d,
         "d_ff": _ff(int(config.expansion_ratio * d), d),
         "norm_eps": config.layer_norm_epsilon,
-        "dropout": float(attn.attn_pdrop or config.resid_pdrop),  # see _hf_config
+        "dropout": float(attn.attn_pdrop or config.resid_pdrop),  # see _target_config
         "max_positions": config.max_seq_len,
     }
 

@@ -236,11 +236,11 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     try:
         missing, unexpected = load_model(model, str(path), strict=False)
     except SafetensorError as e:
-        raise CheckpointError(f"{path}: damaged safetensors file ({_first_line(e)})") from None
+        raise CheckpointError(f"{path}: damaged safetensors file ({first_line(e)})") from None
     except RuntimeError as e:
         raise CheckpointError(f"{path}: weights do not fit this model ({_shape_hint(e)})") from None
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read weights ({_first_line(e)})") from None
+        raise CheckpointError(f"{path}: cannot read weights ({first_line(e)})") from None
     if missing or unexpected:
         names = ", ".join(sorted(missing or unexpected)[:3])
         kind = "missing" if missing else "unexpected"
@@ -252,7 +252,7 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str | Path, state: di
     try:
         optimizer.load_state_dict(read_optimizer(path, state))
     except (KeyError, ValueError, RuntimeError) as e:
-        raise CheckpointError(f"{file}: cannot restore the optimizer ({_first_line(e)})") from None
+        raise CheckpointError(f"{file}: cannot restore the optimizer ({first_line(e)})") from None
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -264,7 +264,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(file))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{file}: damaged safetensors file ({_first_line(e)})") from None
+        raise CheckpointError(f"{file}: damaged safetensors file ({first_line(e)})") from None
 
 
 def read_optimizer(path: str | Path, state: dict) -> dict[str, Any]:
@@ -274,10 +274,11 @@ def read_optimizer(path: str | Path, state: dict) -> dict[str, Any]:
     try:
         return _unflatten_optimizer(load_file(str(file)), state["optimizer"])
     except (SafetensorError, OSError, KeyError, ValueError) as e:
-        raise CheckpointError(f"{file}: cannot restore the optimizer ({_first_line(e)})") from None
+        raise CheckpointError(f"{file}: cannot restore the optimizer ({first_line(e)})") from None
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """An exception's message as one line: its first, or its type's name when it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 
@@ -286,4 +287,4 @@ def _shape_hint(e: RuntimeError) -> str:
     for line in str(e).splitlines():
         if "size mismatch" in line or "shape" in line:
             return line.strip().rstrip(".")
-    return _first_line(e)
+    return first_line(e)

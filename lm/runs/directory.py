@@ -1,10 +1,10 @@
-"""A run directory: what it holds, who may write it, and how to load a trained model from it.
+"""A run directory: what it holds, who may write it, and where outputs may go.
 
 RUN_DIR/config.yaml       the fully resolved config (vocab_size filled in)
 RUN_DIR/tokenizer.json    the tokenizer, loadable by any Hugging Face tool
 RUN_DIR/run.json          where the run came from: git commit, torch, python, machine
 RUN_DIR/metrics.jsonl     one JSON object per logged step
-RUN_DIR/checkpoints/      see checkpoint.py
+RUN_DIR/checkpoints/      see lm/runs/checkpoint.py
 RUN_DIR/lock              present while a process trains into the directory
 """
 
@@ -102,7 +102,7 @@ def _alive(owner: dict[str, Any]) -> bool:
     return True
 
 
-def write_record(
+def write_run_record(
     run_dir: Path, config: Config, tokenizer: TextTokenizer, resumed_step: int | None = None
 ) -> None:
     """The run's config, its tokenizer, and where it came from.

@@ -1,12 +1,5 @@
-"""A run directory: what it holds, who may write it, and how to load a trained model from it.
-
-RUN_DIR/config.yaml       the fully resolved config (vocab_size filled in)
-RUN_DIR/tokenizer.json    the tokenizer, loadable by any Hugging Face tool
-RUN_DIR/run.json          where the run came from: git commit, torch, python, machine
-RUN_DIR/metrics.jsonl     one JSON object per logged step
-RUN_DIR/checkpoints/      see checkpoint.py
-RUN_DIR/lock              present while a process trains into the directory
-"""
+"""A trained model from its run directory: the config, the tokenizer and the weights of the
+newest complete checkpoint (or a named one), checked against each other."""
 
 from __future__ import annotations
 
@@ -31,11 +24,16 @@ from lm.runs.directory import CONFIG, TOKENIZER
 
 @dataclass
 class LoadedRun:
+    """A trained run, ready to use: its config, tokenizer and model (in eval mode)."""
+
     config: Config
     tokenizer: TextTokenizer
     model: TransformerLM
     checkpoint: Path
+    """The checkpoint folder the weights came from."""
     step: int
+    """Optimizer steps the weights had trained."""
+    run_dir: Path | None = None
 
 
 def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
@@ -89,4 +87,4 @@ def load_run(
             f"{e}; the older checkpoint {older.name} is intact: pass --checkpoint {older.name}"
         ) from None
     step = read_state(folder)["step"] if (folder / "state.json").is_file() else 0
-    return LoadedRun(config, tokenizer, model.to(device).eval(), path, step)
+    return LoadedRun(config, tokenizer, model.to(device).eval(), path, step, run_dir)

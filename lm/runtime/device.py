@@ -1,8 +1,6 @@
-"""Where and how training runs: device, autocast dtype, ``torch.compile``, host memory, signals.
-
-A leaf module (it imports only ``torch`` and the config), so that ``lm sample``, ``lm eval`` and
-the scripts pick a device or a dtype without loading the training loop.
-"""
+"""Where and how a job runs its math: the device, the autocast dtype (``auto`` by the hardware)
+and ``torch.compile``. It imports only ``torch`` and the config, so that ``lm sample``, ``lm
+eval`` and the scripts pick a device or a dtype without loading the training loop."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Where and how training runs: device, autocast dtype, ``torch.compile``, host memory, signals.
-
-A leaf module (it imports only ``torch`` and the config), so that ``lm sample``, ``lm eval`` and
-the scripts pick a device or a dtype without loading the training loop.
-"""
+"""The host a job runs on: freed memory kept for reuse, resident memory as the metrics log it,
+and stop signals (Ctrl-C, SIGTERM) turned into a checkpoint at the end of the step."""
 
 from __future__ import annotations
 

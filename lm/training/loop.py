@@ -40,7 +40,7 @@ from lm.runs.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lm.runs.directory import CONFIG, METRICS, TOKENIZER, RunLock, refuse_overlap, write_record
+from lm.runs.directory import CONFIG, METRICS, TOKENIZER, RunLock, refuse_overlap, write_run_record
 from lm.runtime.device import autocast_context, resolve_device, resolve_dtype
 from lm.runtime.distributed import (
     World,
@@ -52,11 +52,11 @@ from lm.runtime.distributed import (
     shared_failure,
 )
 from lm.runtime.host import StopSignals, resident_mb, retain_freed_host_memory
-from lm.train.board import check_board, open_board
-from lm.train.metrics import MetricsLog
-from lm.train.optim import build_optimizer, lr_at, set_lr
-from lm.train.parallel import gather_full_state, is_sharded, load_full_state, wrap_model
-from lm.train.setup import (
+from lm.training.board import check_board, open_board
+from lm.training.metrics import MetricsLog
+from lm.training.optim import build_optimizer, lr_at, set_lr
+from lm.training.parallel import gather_full_state, is_sharded, load_full_state, wrap_model
+from lm.training.setup import (
     check_has_optimizer,
     check_resumable,
     clear_run,
@@ -66,7 +66,7 @@ from lm.train.setup import (
     short_validation,
     with_vocab,
 )
-from lm.train.step import LoopState, Stepper, nonfinite_message
+from lm.training.step import LoopState, Stepper, nonfinite_message
 
 
 @dataclass
@@ -222,7 +222,7 @@ def _prepare_run(
         _log(world, quiet, warning)
     if world.is_main:
         resumed = saved["step"] if checkpoint is not None else None
-        write_record(run_dir, config, data.tokenizer, resumed)
+        write_run_record(run_dir, config, data.tokenizer, resumed)
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
@@ -234,7 +234,9 @@ def _build(run: _Run) -> _Net:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     raw_model = TransformerLM(run.config.model).to(device)
-    if run.init_from is not None:  # after write_record: it checks the tokenizer, notes the origin
+    if (
+        run.init_from is not None
+    ):  # after write_run_record: it checks the tokenizer, notes the origin
         init_weights_from(raw_model, run.init_from, run.run_dir if world.is_main else None)
     dtype = resolve_dtype(tc.dtype, device, run.config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -282,7 +284,7 @@ def _restore(run: _Run, net: _Net) -> LoopState:
     return LoopState.from_checkpoint(run.saved, run.device)
 
 
-def _save(run: _Run, net: _Net, state: LoopState) -> None:
+def _write_checkpoint(run: _Run, net: _Net, state: LoopState) -> None:
     """The one place a checkpoint is written (by the main process only; under FSDP every
     process first takes part in gathering the full state)."""
     model: torch.nn.Module | FullState | None = net.raw_model
@@ -365,7 +367,7 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
 def _save_everywhere(run: _Run, net: _Net, state: LoopState) -> str | None:
     """Write a checkpoint; every process gets the same answer: None, or why it failed."""
     try:
-        _save(run, net, state)
+        _write_checkpoint(run, net, state)
     except CheckpointError as e:
         return shared_failure(run.world, str(e), run.device, f"checkpoint at step {state.step}")
     return shared_failure(run.world, None, run.device, f"checkpoint at step {state.step}")

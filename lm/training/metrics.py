@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lm.train.board import Board
+from lm.training.board import Board
 
 
 class MetricsLog:

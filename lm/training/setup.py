@@ -1,12 +1,6 @@
-"""A run directory: what it holds, who may write it, and how to load a trained model from it.
-
-RUN_DIR/config.yaml       the fully resolved config (vocab_size filled in)
-RUN_DIR/tokenizer.json    the tokenizer, loadable by any Hugging Face tool
-RUN_DIR/run.json          where the run came from: git commit, torch, python, machine
-RUN_DIR/metrics.jsonl     one JSON object per logged step
-RUN_DIR/checkpoints/      see checkpoint.py
-RUN_DIR/lock              present while a process trains into the directory
-"""
+"""A run directory made ready for training: a new run (refusing to clobber one, or clearing it
+with ``--overwrite``), a resume (the newest intact checkpoint, the config's changes checked), or
+a start from another run's weights (``--init-from``: its tokenizer, shapes that fit)."""
 
 from __future__ import annotations
 

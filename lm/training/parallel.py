@@ -32,7 +32,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from lm.config.sections import TrainConfig
-from lm.runs.checkpoint import CheckpointError, FullState, read_optimizer, read_weights
+from lm.runs.checkpoint import CheckpointError, FullState, first_line, read_optimizer, read_weights
 from lm.runtime.device import compile_enabled, compile_model
 from lm.runtime.distributed import World
 
@@ -47,7 +47,7 @@ def wrap_model(
     """
     model = raw_model
     if world.distributed and tc.parallel == "fsdp":
-        # (fp16 is refused before: TrainConfig, and lm.train for train.dtype: auto.)
+        # (fp16 is refused before: TrainConfig, and lm.runtime.device for train.dtype: auto.)
         # bf16: the gathered weights and the forward/backward run in bf16; gradients are reduced
         # and the sharded master weights and optimizer stay fp32. Autocast stays on as without
         # FSDP, so norms, softmax and the loss still compute in fp32.
@@ -145,7 +145,7 @@ def load_full_state(
         set_model_state_dict(raw_model, weights, options=options)
     except (KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(
-            f"{checkpoint}: the weights do not fit this model ({_first_line(e)})"
+            f"{checkpoint}: the weights do not fit this model ({first_line(e)})"
         ) from None
     names = _param_names(raw_model, optimizer)
     try:
@@ -159,10 +159,5 @@ def load_full_state(
         set_optimizer_state_dict(raw_model, optimizer, named, options=options)
     except (IndexError, KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(
-            f"{checkpoint}: cannot restore the optimizer ({_first_line(e)})"
+            f"{checkpoint}: cannot restore the optimizer ({first_line(e)})"
         ) from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -19,8 +19,8 @@ from torch.distributed.tensor import DTensor
 from lm.data.batches import model_inputs
 from lm.model.transformer import loss_sum
 from lm.runtime.distributed import World, all_reduce_min, all_reduce_sum
-from lm.train.optim import step_unless_nonfinite
-from lm.train.parallel import skip_gradient_sync
+from lm.training.optim import step_unless_nonfinite
+from lm.training.parallel import skip_gradient_sync
 
 
 class Stepper:

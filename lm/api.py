@@ -1,0 +1,164 @@
+"""The Python API: what a notebook or a script calls, a few lines each. ``import lm`` offers
+these names; the command line is a client of the same functions (docs/python-api.md).
+
+Runs: :func:`train` a config into a run directory, :func:`load` a trained run, :func:`generate`
+text from prompts, :func:`loss_at` context lengths. The notes' formulas, as the model computes
+them: :func:`attention` (``Y, A`` of ``softmax(QK^T/sqrt(d_k) + M) V``), :func:`causal_mask`,
+:func:`attention_mask` (the key and causal masks of a padded batch), :func:`sinusoids` and
+:func:`rope` (RoPE's rotation of queries or keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from lm.config.load import load_config
+from lm.config.sections import Config
+from lm.evaluate import evaluate_lengths, load_evaluated
+from lm.model.kernels import attention
+from lm.model.masks import allowed_keys, causal_mask
+from lm.model.position.embeddings import sinusoidal_table
+from lm.model.position.rope import RopeAngles, rotate_pairs
+from lm.runs.directory import check_out_dir
+from lm.runs.load import LoadedRun
+from lm.runtime.device import resolve_device
+from lm.sample import generate as generate_ids
+from lm.training.loop import TrainResult
+from lm.training.loop import train as train_run
+from lm.training.setup import config_for_init, recorded_init_from
+
+__all__ = [
+    "attention",
+    "attention_mask",
+    "causal_mask",
+    "generate",
+    "load",
+    "loss_at",
+    "rope",
+    "sinusoids",
+    "train",
+]
+
+
+def train(
+    config: Config | str | Path,
+    out: str | Path | None = None,
+    *,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+    overwrite: bool = False,
+    init_from: str | Path | None = None,
+    quiet: bool = False,
+    notes: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train a config (a YAML path, with dotted ``overrides`` such as ``"train.max_steps=50"``,
+    or a :class:`lm.config.Config`) into ``out`` (default ``runs/<config name>``, or
+    ``runs/default`` for a Config); ``lm train``. ``init_from``: start from another run's
+    weights (its tokenizer, fresh optimizer, step 0). Returns how it ended: ``.status`` (done,
+    target, interrupted, ...), ``.step``, ``.val_loss``, ``.run_dir``."""
+    if isinstance(config, Config):
+        if overrides:
+            raise ValueError("overrides apply to a config file; change a Config with .replace")
+        name = "default"
+    else:
+        name = Path(config).stem
+        config = load_config(config, list(overrides))
+    run_dir = check_out_dir(Path(out) if out is not None else Path("runs") / name)
+    # A run started from another's weights resumes with that run's tokenizer, as it began.
+    source = init_from or (recorded_init_from(run_dir) if resume else None)
+    if source:
+        config = config_for_init(config, source, notes)
+    return train_run(
+        config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet, init_from=init_from
+    )
+
+
+def load(
+    run_dir: str | Path,
+    *,
+    checkpoint: str | Path | None = None,
+    device: str = "auto",
+    rope_scaling: str | None = None,
+) -> LoadedRun:
+    """A trained run: ``.model`` (a :class:`lm.model.TransformerLM` in eval mode), ``.tokenizer``,
+    ``.config``, ``.step``. The newest checkpoint unless ``checkpoint`` names one (a folder, or
+    ``step_00000030``); ``rope_scaling`` (``pi:4``, ``ntk:4``, ``yarn:4``, ``none``) evaluates
+    a RoPE run with another context extension, the same weights."""
+    where = str(resolve_device(device, "device"))
+    return load_evaluated(run_dir, checkpoint, where, rope_scaling)
+
+
+def generate(
+    run: LoadedRun,
+    prompts: str | Sequence[str],
+    max_new_tokens: int = 200,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    kv_cache: bool = True,
+    compile: bool = False,
+) -> list[str]:
+    """Each prompt continued by ``max_new_tokens`` tokens (fewer where the model ends the
+    document): the prompt and its continuation, one text per prompt. Greedy by default; with
+    ``temperature > 0`` sampled (``top_k`` likeliest tokens, ``seed`` for the same draw again).
+    The prompts decode as one left-padded batch, each exactly as it would alone; an empty prompt
+    starts a new document."""
+    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    tok = run.tokenizer
+    encoded = [tok.encode(text) or [tok.eod_id] for text in texts]
+    new = generate_ids(
+        run.model,
+        encoded,
+        max_new_tokens,
+        tok.pad_id,
+        tok.eod_id,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        use_cache=kv_cache,
+        compile_step=compile,
+    )
+    return [text + tok.decode(ids) for text, ids in zip(texts, new, strict=True)]
+
+
+def loss_at(
+    run: LoadedRun,
+    lengths: Sequence[str | int] = ("1x",),
+    *,
+    split: str = "val",
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+) -> dict[int, float | None]:
+    """Mean next-token loss at each context length, in tokens or multiples of the trained one
+    (``"2x"``): ``{length: loss}``, None where the model has no positions that long (a learned
+    table). The run's own split, read in non-overlapping windows; ``lm eval``."""
+    device = str(next(run.model.parameters()).device)
+    rows = evaluate_lengths(run, run.run_dir, list(lengths), split, batch_size, device, max_batches)
+    return {row["context_length"]: row["loss"] for row in rows}
+
+
+def attention_mask(key_mask: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """Which keys each query of a padded batch may read, ``[B, 1, L, L]`` (True = may read), from
+    ``key_mask [B, L]`` (True = real token): the notes' key mask (a pad supplies no value),
+    and with ``causal`` the causal mask (no key after its query). A query with no key to read
+    (left padding) reads every key instead, as the model's kernels do, and is zeroed after."""
+    L = key_mask.shape[1]
+    mask, _ = allowed_keys(key_mask, None, causal, L, L, 0, key_mask.device)
+    return mask
+
+
+def sinusoids(length: int, d: int) -> torch.Tensor:
+    """The notes' fixed sinusoids ``[length, d]``: ``p[l, 2i] = sin(l w_i)``, ``p[l, 2i+1] =
+    cos(l w_i)``, ``w_i = 10000^(-2i/d)``."""
+    return sinusoidal_table(length, d)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE as the notes write it: pair ``i`` of ``x [..., L, d_k]`` (features ``2i, 2i+1``) at
+    position ``l`` (``positions [L]``) rotated by ``l theta_i``, ``theta_i = base^(-2i/d_k)``."""
+    cos, sin = RopeAngles(x.shape[-1], base).cos_sin(positions, x.dtype)
+    return rotate_pairs(x, cos, sin)
