@@ -2,7 +2,7 @@
 
     python scripts/attention_kernels.py --rounds 3
 
-Times a whole model's forward pass (the shape of the README's extrapolation experiment: 4
+Times a whole model's forward pass (the shape of the extrapolation experiment: 4
 layers, 4 heads, width 128) where attention needs more than the causal mask: ALiBi's distance
 bias, and packed windows of several documents. ``model.attention: sdpa`` builds one
 ``[B, 1|H, T, T]`` mask per forward pass; ``flex`` hands the mask and bias to FlexAttention as

@@ -1,6 +1,6 @@
 """Fine-tuning RoPE runs to a longer context, with Position Interpolation and without (the
-control), from every seed of the README's extrapolation experiment; prints the loss at each
-evaluation length as mean ± std over the seeds.
+control), from every seed of the extrapolation experiment (docs/extrapolation.md); prints the
+loss at each evaluation length as mean ± std over the seeds.
 
     python scripts/extend_context.py --runs runs/extrapolation --out runs/extend
 

@@ -261,7 +261,7 @@ done
 RUN_CHECK_PY=$(cat <<'EOF'
 import json, sys
 from pathlib import Path
-from lm.checkpoint import complete_checkpoints
+from lm.runs.checkpoint import complete_checkpoints
 run = Path(sys.argv[1])
 lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 val = {m["step"]: m["val_loss"] for m in lines if "val_loss" in m}

@@ -1,8 +1,7 @@
 """Config loading: one-line errors naming the key, overrides, every shipped config loads, the
-differences between two configs, and every key listed in the README."""
+differences between two configs, and keys read under their old names."""
 
 import dataclasses
-import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -232,20 +231,16 @@ def test_flatten_has_every_key_of_every_section_by_dotted_name():
     assert list(flatten(Config())) == names
 
 
-def _readme_key_lists() -> dict[str, set[str]]:
-    """The words of each section's bullet (- `model`: ...) in README.md's Configs section."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Configs\n", 1)[1].split("\n## ", 1)[0]
-    bullets = re.findall(r"^- `(\w+)`:(.*?)(?=^- |^$)", section, re.DOTALL | re.MULTILINE)
-    return {name: set(re.findall(r"\w+", body)) for name, body in bullets}
-
-
-@pytest.mark.parametrize("section", list(SECTIONS))
-def test_readme_lists_every_config_key(section):
-    listed = _readme_key_lists()
-    assert section in listed, f"README.md's Configs section has no list of {section} keys"
-    missing = [f.name for f in fields(SECTIONS[section]) if f.name not in listed[section]]
-    assert not missing, f"README.md's Configs section does not list {section}: {missing}"
+def test_the_old_name_of_a_key_reads_as_its_new_one(tmp_path):
+    # Runs written before model.kernel was named so hold model.attention in their config.yaml.
+    assert load_config(write(tmp_path, "model:\n  attention: math\n")).model.kernel == "math"
+    assert load_config(None, ["model.attention=flex"]).model.kernel == "flex"
+    # The file's old name and the command line's new one are one key: the command line wins.
+    old = write(tmp_path, "model:\n  attention: math\n")
+    assert load_config(old, ["model.kernel=sdpa"]).model.kernel == "sdpa"
+    both = write(tmp_path, "model:\n  attention: math\n  kernel: sdpa\n")
+    with pytest.raises(ConfigError, match=r"the old name of model\.kernel, which is also given"):
+        load_config(both)
 
 
 def test_runs_written_before_the_switches_became_booleans_still_load(tmp_path):

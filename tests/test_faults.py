@@ -218,3 +218,40 @@ def test_resident_memory_stays_flat_over_thousands_of_steps(tmp_path):
     rss = {m["step"]: m["rss_mb"] for m in metrics(tmp_path / "run") if "rss_mb" in m}
     warm = rss[500]
     assert max(v for s, v in rss.items() if s >= 500) - warm < 15.0, rss
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["data.source=/nonexistent/file.txt"],
+        ["data.tokenizer=bpe", "data.vocab_size=5"],
+        [
+            "data.source=builtin:copy",
+            "data.mode=padded",
+            "data.task_examples=30",
+            "data.task_lengths=1-8",
+            "data.task_eval_lengths=1-8",
+            "train.batch_size=32",
+        ],
+    ],
+    ids=["missing-source", "bpe-vocab-too-small", "too-few-padded-sequences"],
+)
+def test_overwrite_deletes_nothing_when_the_new_run_is_refused(tmp_path, capsys, bad):
+    from lm.cli import main
+
+    config = write_config(tmp_path / "c.yaml", data={"cache_dir": str(tmp_path / "cache")})
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(run), "--quiet"]) == 0
+    before = _snapshot(run)
+    assert any(name.startswith(CHECKPOINTS) for name in before)
+    code = main(["train", str(config), "--out", str(run), "--overwrite", "--quiet", "--set", *bad])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("lm: error: "), err
+    assert _snapshot(run) == before  # checkpoints, metrics, config.yaml and run.json as they were
+    # A new run that passes its checks replaces the old one, its earlier event files included.
+    assert main(["train", str(config), "--out", str(run), "--overwrite", "--quiet"]) == 0
+    assert len(list(run.glob("events.out.tfevents.*"))) <= 1

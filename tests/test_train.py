@@ -24,6 +24,7 @@ from _support import (
 )
 
 from lm.config.errors import ConfigError, LMError
+from lm.config.names import POSITIONS
 from lm.data.batches import PaddedCollator
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.checkpoint import complete_checkpoints, latest_checkpoint
@@ -94,6 +95,41 @@ def test_a_run_is_the_same_on_one_thread_and_on_two(tmp_path, model, optimizer):
     one, two = tmp_path / "threads1", tmp_path / "threads2"
     assert losses(one) == losses(two) and losses(one, "val_loss") == losses(two, "val_loss")
     assert_same_weights(one, two)
+
+
+def _step_gradients(model_keys: dict, threads: int, padded: bool) -> dict[str, torch.Tensor]:
+    """One training step's loss gradients of a model at the copy task's shape (2 layers, width
+    64, 32 sequences of 40 tokens), computed on ``threads`` threads from the same start."""
+    from lm.config.sections import ModelConfig
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        config = ModelConfig(vocab_size=16, context_length=40, n_layer=2, n_head=4, d_model=64)
+        model = TransformerLM(dataclasses.replace(config, **model_keys)).train()
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, 16, (32, 40), generator=g)
+        lengths = torch.randint(20, 41, (32,), generator=g)
+        key_mask = torch.arange(40)[None] < lengths[:, None] if padded else None
+        loss = loss_sum(model(ids, key_mask=key_mask)[:, :-1], ids[:, 1:]) / ids.numel()
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("kernel", ["sdpa", "math"])
+def test_every_schemes_gradients_are_the_same_on_one_thread_and_on_two(position, kernel):
+    # A learned score bias once took its gradient through SDPA's math path (a softmax backward
+    # that sums per thread), T5's table through index_put and FIRE's scalars through whole-tensor
+    # sums: each differed between 1 and 2 threads from the first step at this shape.
+    keys = {"position": position, "kernel": kernel}
+    for padded in (True, False):
+        one, two = _step_gradients(keys, 1, padded), _step_gradients(keys, 2, padded)
+        differ = [name for name in one if not torch.equal(one[name], two[name])]
+        assert differ == [], f"{position} ({kernel}, padded={padded}): {differ}"
 
 
 def test_gradient_accumulation_equals_one_big_batch_with_padding(tmp_path):

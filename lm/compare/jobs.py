@@ -5,7 +5,7 @@ less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, 
 -m lm train`` with the sweep's own config, keys and seed (the command its ``run.json`` records).
 On CPU the cores are divided between the jobs through ``train.threads``, which a run records
 and which does not change its numbers: every run equals the same run trained alone, bit for bit
-(its LayerNorm sums its gradient the same way on any number of threads, lm/model.py). The last
+(tests/test_train.py holds every scheme's gradients equal on one thread and on two). The last
 runs of a sweep, fewer than N, take the cores the others leave: one that would get more cores
 than a full round's share waits for them while the runs holding them are nearly done, and
 otherwise starts on what is free. On GPUs the jobs go round-robin over the visible devices,

@@ -1,10 +1,10 @@
 """The comparison report: a pure function of what was measured of each run.
 
-:func:`write_report` takes one :class:`RunResult` per run (measured by ``lm.sweep``, or made by
-hand) and writes ``report.md`` (a table with one row per compared value, mean ± std over seeds;
-a table of validation loss at each evaluation length; then every run's greedy continuation),
-``report.json`` (every number, per run) and three pictures drawn by ``lm.plots``: loss against
-step and against wall time, and validation loss against evaluation context length (length
+:func:`write_report` takes one :class:`RunResult` per run (measured by ``lm.compare.sweep``, or made
+by hand) and writes ``report.md`` (a table with one row per compared value, mean ± std over seeds; a
+table of validation loss at each evaluation length; then every run's greedy continuation),
+``report.json`` (every number, per run) and three pictures drawn by ``lm.compare.plots``: loss
+against step and against wall time, and validation loss against evaluation context length (length
 extrapolation). Runs on a generated task add a table and a picture of exact-match accuracy
 against length, the trained lengths marked. No model is loaded and nothing is trained here.
 

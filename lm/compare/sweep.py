@@ -12,7 +12,7 @@ place of its own; runs of the other schemes are measured once, as trained.
 :func:`measure_run` loads a finished run and measures what the report shows: its logged losses
 and throughput, its validation loss at each evaluation length (default 1x, 2x and 4x the
 trained context; by ``lm.evaluate.evaluate_lengths``, the code behind ``lm eval``) and a greedy
-continuation of a prompt. ``lm.report`` renders the report from those results alone.
+continuation of a prompt. ``lm.compare.report`` renders the report from those results alone.
 
 How a folder's report measures its runs is part of the folder's record, ``sweep.json``: the runs
 in their order and the :class:`Evaluation` settings, written when a sweep starts and with every
@@ -219,7 +219,7 @@ def run_sweep(
     value fails at once, not after an hour of training. ``out_dir/sweep.json`` records the runs
     and ``evaluation`` before the first one trains, so that an interrupted sweep's report, built
     alone, is evaluated as the finished sweep's would be. ``jobs`` > 1 trains that many runs at
-    once, each in its own process (:mod:`lm.jobs`).
+    once, each in its own process (:mod:`lm.compare.jobs`).
     """
     overrides = overrides or []
     out_dir = Path(out_dir)

@@ -24,6 +24,10 @@ on the queries and keys (rotated), on the scores (a bias added to ``S``), or now
 
 POSITIONS = tuple(SCHEME_PLACES)
 
+LEARNED_BIASES = ("t5", "kerple", "fire")
+"""The schemes whose score bias has learned parameters, so that training takes its gradient
+through the attention kernel (``lm.model.plan`` picks the kernel for it)."""
+
 KERNELS = ("sdpa", "flex", "math")
 """``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``)."""
 

@@ -70,11 +70,11 @@ class ModelConfig:
     embeddings, below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
-    which trains far worse (README, "Compare position schemes")."""
+    which trains far worse (docs/compare.md)."""
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
     rope_scaling: str | None = None
-    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/position.py)."""
+    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/model/position/)."""
     rope_fraction: float = 1.0
     """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
     rope_original_context: int | None = None
@@ -280,7 +280,7 @@ class DataConfig:
 
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
-    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/tasks.py)."""
+    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/data/tasks.py)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -400,7 +400,9 @@ class TrainConfig:
     weight_decay: float = 0.1
     """Decoupled weight decay, applied to matrices only."""
     beta1: float = 0.9
+    """AdamW's first-moment decay (and Muon's momentum)."""
     beta2: float = 0.95
+    """AdamW's second-moment decay."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
     eval_every: int = 250
@@ -416,6 +418,7 @@ class TrainConfig:
     log_every: int = 10
     """Write a training line to metrics.jsonl every N steps."""
     seed: int = 1337
+    """Seed of the initial weights, the batches' order and dropout; lm compare --seeds varies it."""
     device: str = "auto"
     """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
     dtype: str = "auto"

@@ -6,7 +6,7 @@
    line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
    Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
    trainer works offline on any machine). Empty documents are skipped: they hold nothing to
-   predict. A generated task (``builtin:copy``, ``reverse``, ``addition``: :mod:`lm.tasks`)
+   predict. A generated task (``builtin:copy``, ``reverse``, ``addition``: :mod:`lm.data.tasks`)
    gives one document per example, with where its answer starts.
 2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
    either the tail of the source or documents drawn with a seed. A single document is split by
@@ -17,7 +17,7 @@
    the loss is on the answers only). The folder is keyed by a hash of the source, the split
    settings and the tokenizer, and appears atomically, so a second run reads it back.
 
-``lm.batches`` turns the token ids into training and evaluation batches.
+``lm.data.batches`` turns the token ids into training and evaluation batches.
 """
 
 from __future__ import annotations

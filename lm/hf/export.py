@@ -1,6 +1,6 @@
 """``lm export``: a run as a folder that Hugging Face ``transformers`` loads with no custom code.
 
-OUT/config.json             the target architecture (lm.hf says which, per position scheme)
+OUT/config.json             the target architecture (lm.hf.weights says which, per position scheme)
 OUT/model.safetensors       the weights in its layout, in fp32, bf16 or fp16
 OUT/generation_config.json  <eod> ends (and, as in lm, starts) a document; <pad> pads
 OUT/tokenizer.json          the run's own tokenizer, unchanged

@@ -3,7 +3,7 @@
 The run holds config.yaml, tokenizer.json, run.json (saying where the weights came from) and one
 checkpoint, ``checkpoints/step_00000000``, with weights only: ``lm sample``, ``lm eval`` and
 ``lm train --init-from`` accept it. Whatever ``lm``'s model cannot compute exactly is refused in
-one line naming the first mismatch (lm.hf). An ``lm export`` folder comes back bit for bit.
+one line naming the first mismatch (lm.hf.weights). An ``lm export`` folder comes back bit for bit.
 """
 
 from __future__ import annotations

@@ -14,15 +14,15 @@ lm                  transformers                                                
 ``rope_fraction``   ``partial_rotary_factor`` 2p/d_k, p the pairs rotated           always
 ==================  ============================================================  ==============
 
-NTK-aware. lm's ``ntk:S`` is a fixed base (``lm.position.ntk_base``). transformers' ``dynamic``
-type is another model: it keeps the base B up to ``max_position_embeddings`` and grows it with
-the sequence after, so lm exports the fixed base as ``rope_theta``, which every version of
+NTK-aware. lm's ``ntk:S`` is a fixed base (``lm.model.position.rope.ntk_base``). transformers'
+``dynamic`` type is another model: it keeps the base B up to ``max_position_embeddings`` and grows
+it with the sequence after, so lm exports the fixed base as ``rope_theta``, which every version of
 transformers computes, and refuses ``dynamic`` on import.
 
 Partial rotary. lm rotates the interleaved pairs of the first ``2p`` features of a head; GPT-NeoX
 rotates its first ``rotary_ndims = int(d_k * partial_rotary_factor)`` features in rotate-half
 order and passes the rest through. The query and key rows of those ``2p`` features are renumbered
-as for full rotary (``lm.hf``), the others keep their place; both use ``base^(-2i/2p)``.
+as for full rotary (``lm.hf.weights``), the others keep their place; both use ``base^(-2i/2p)``.
 
 YaRN. Both scale cos and sin by ``0.1 ln S + 1`` and use the paper's bounds (a pair that turns
 more than 32 times over L keeps its frequency, one that turns less than once is divided by S).
@@ -31,8 +31,9 @@ the YaRN authors' code: linear in the pair *index* between the indices where r =
 floored and ceiled, and the lower one clamped at pair 0, which is then never scaled. The two
 agree only when no pair turns between 1 and 32 times over L and the fastest turns at least 32
 times: heads of few pairs with a long L. So every export and every import compares the two per
-pair, transformers' own ``GPTNeoXRotaryEmbedding`` against ``lm.position.Rope``, and refuses a
-difference in one line naming the first pair that differs.
+pair, transformers' own ``GPTNeoXRotaryEmbedding`` against
+``lm.model.position.rope.RopeAngles``, and refuses a difference in one line naming the first pair
+that differs.
 """
 
 from __future__ import annotations

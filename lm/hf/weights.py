@@ -7,7 +7,7 @@ Each position scheme goes to the architecture that computes exactly what ``Trans
 lm scheme      target      how
 =============  ==========  ===============================================================
 rope           GPT-NeoX    sequential residual; q/k rows permuted (below); RoPE's settings
-                           as rope_parameters, each checked (lm.hf_rope)
+                           as rope_parameters, each checked (lm.hf.rope)
 learned        GPT-2       ``wpe`` = lm's learned table
 sinusoidal     GPT-2       ``wpe`` = the notes' sinusoids; ``wte`` = sqrt(d) E, untied head E
                            (``wte`` = E, as lm's, without ``model.scale_embeddings``)

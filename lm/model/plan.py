@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lm.config.names import SCHEME_PLACES
+from lm.config.names import LEARNED_BIASES, SCHEME_PLACES
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import FLEX_AVAILABLE, flex_backward
@@ -134,8 +134,9 @@ def build_plan(
     causal = causal and (cache is None or T > 1)
     masked = key_mask is not None or segments is not None
     biased = any(SCHEME_PLACES[name] == "scores" for name in config.layer_positions)
+    learned = not set(config.layer_positions).isdisjoint(LEARNED_BIASES)
     dropout = config.dropout if training else 0.0
-    chosen = _kernel(kernel or config.kernel, device, masked or biased, cache, dropout)
+    chosen = _kernel(kernel or config.kernel, device, masked or biased, learned, cache, dropout)
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
     where = dict(positions=positions, key_positions=key_positions, position_limit=limit)
@@ -154,14 +155,19 @@ def _kernel(
     setting: str,
     device: torch.device,
     needs_mask: bool,
+    learned_bias: bool,
     cache: KVCache | None,
     dropout: float,
 ) -> str:
     """The kernel for this pass. FlexAttention needs no KV cache, no attention dropout, and a
     backward pass where gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a
     bias in a model compiled for a GPU (on CPU it measured no faster: docs/performance.md,
-    "Masked attention")."""
+    "Masked attention"). On CPU, the gradient of a learned bias goes through the notes' formula:
+    SDPA then runs PyTorch's own math path, whose softmax backward sums in parts that depend on
+    the thread count, so a run's numbers would too (``softmax_rows`` sums each row whole)."""
     if setting == "math":
+        return "math"
+    if learned_bias and device.type == "cpu" and torch.is_grad_enabled():
         return "math"
     flex = FLEX_AVAILABLE and cache is None and not dropout
     flex = flex and (flex_backward(device) or not torch.is_grad_enabled())

@@ -40,8 +40,8 @@ class CheckpointError(LMError):
 
 @dataclass(frozen=True)
 class FullState:
-    """Weights and optimizer state gathered from a sharded run (``lm.parallel``), saved in the
-    same files and form as a one-process run's."""
+    """Weights and optimizer state gathered from a sharded run (``lm.training.parallel``), saved
+    in the same files and form as a one-process run's."""
 
     weights: dict[str, torch.Tensor]  # tied names dropped, as safetensors.save_model drops them
     aliases: dict[str, str]  # dropped name -> kept name (save_model's file metadata)

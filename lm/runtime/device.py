@@ -55,10 +55,10 @@ def compile_model(
 ) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
     from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps
-    (README: scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds to a minute and
-    needs a C++ compiler, as any Inductor build on CPU does; so ``train.compile`` left out (auto)
-    stays eager there. ``fullgraph`` makes a graph break an error; ``setting`` is what the error
-    without a compiler names.
+    (docs/performance.md: scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds
+    to a minute and needs a C++ compiler, as any Inductor build on CPU does; so ``train.compile``
+    left out (auto) stays eager there. ``fullgraph`` makes a graph break an error; ``setting`` is
+    what the error without a compiler names.
     """
     if device.type != "cpu":
         return torch.compile(model, fullgraph=fullgraph)
@@ -84,7 +84,7 @@ def cpu_bf16_kind() -> str:
 
 # The narrowest model width from which bf16 autocast trains faster than fp32 on a CPU, by its
 # bf16 kind and the attention kernel (``flex`` trains with sdpa's kernel on a CPU): measured with
-# scripts/dtype_speed.py (README "Performance"). Without AMX, PyTorch's fused attention runs its
+# scripts/dtype_speed.py (docs/performance.md). Without AMX, PyTorch's fused attention runs its
 # bf16 backward pass several times slower than its fp32 one, which the faster bf16 matmuls repay
 # only from width 256; the notes' explicit attention is all matmuls and pays at every width
 # measured. With AMX the figure is an earlier sitting's, with sdpa.

@@ -15,9 +15,10 @@ def retain_freed_host_memory() -> bool:
 
     glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
     so each step's activations come back as fresh pages the kernel must fault in and zero (the
-    README gives the page faults and step times, from scripts/bench.py --malloc-default). A step
-    then reuses the memory the previous one freed; the peak is unchanged. Returns whether the C
-    library took the settings (glibc does; others have no ``mallopt``).
+    docs/performance.md gives the page faults and step times, from scripts/bench.py
+    --malloc-default). A step then reuses the memory the previous one freed; the peak is
+    unchanged. Returns whether the C library took the settings (glibc does; others have no
+    ``mallopt``).
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt

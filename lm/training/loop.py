@@ -61,6 +61,7 @@ from lm.training.setup import (
     check_resumable,
     clear_run,
     init_weights_from,
+    record_init_from,
     refuse_to_clobber,
     resume_checkpoint,
     short_validation,
@@ -107,6 +108,8 @@ def train(
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
         net = _build(run)
+        # Every check passed (config, data, batches, model): only now is anything written.
+        _record(run, clear=run.checkpoint is None and (overwrite or resume))
         state = _restore(run, net)
         status, message = _loop(run, net, state)
         result = _finish(run, state, status, message)
@@ -206,8 +209,6 @@ def _prepare_run(
                 "split otherwise, so the losses match an uninterrupted run to float rounding, "
                 "not bit for bit (with dropout, less: its random masks differ)"
             ))  # fmt: skip
-    elif world.is_main and (overwrite or resume):
-        clear_run(run_dir)  # a fresh start: no lines of an earlier attempt stay in the log
 
     # Data: the main process tokenizes (or finds the cache) first, the others then read it.
     own_tokenizer = run_dir / TOKENIZER if checkpoint is not None else None
@@ -220,9 +221,6 @@ def _prepare_run(
     config = with_vocab(config, data.tokenizer)
     if (warning := short_validation(config, data.val.n_tokens)) is not None:
         _log(world, quiet, warning)
-    if world.is_main:
-        resumed = saved["step"] if checkpoint is not None else None
-        write_run_record(run_dir, config, data.tokenizer, resumed)
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
@@ -234,10 +232,8 @@ def _build(run: _Run) -> _Net:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     raw_model = TransformerLM(run.config.model).to(device)
-    if (
-        run.init_from is not None
-    ):  # after write_run_record: it checks the tokenizer, notes the origin
-        init_weights_from(raw_model, run.init_from, run.run_dir if world.is_main else None)
+    if run.init_from is not None:
+        init_weights_from(raw_model, run.init_from, data.tokenizer)
     dtype = resolve_dtype(tc.dtype, device, run.config.model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model = wrap_model(raw_model, tc, world, device, dtype)
@@ -267,6 +263,20 @@ def _build(run: _Run) -> _Net:
             "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
     return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches)
+
+
+def _record(run: _Run, clear: bool) -> None:
+    """Write the run's record (the main process): config.yaml, tokenizer.json and run.json for a
+    fresh start, after clearing what an earlier run there left (``clear``: --overwrite, or
+    --resume with no checkpoint); a resume's changes appended to run.json."""
+    if not run.world.is_main:
+        return
+    if clear:
+        clear_run(run.run_dir)
+    resumed = run.saved["step"] if run.checkpoint is not None else None
+    write_run_record(run.run_dir, run.config, run.data.tokenizer, resumed)
+    if run.init_from is not None:
+        record_init_from(run.run_dir, run.init_from)
 
 
 def _restore(run: _Run, net: _Net) -> LoopState:

@@ -51,6 +51,8 @@ def clear_run(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
     for result in run_dir.glob("eval.*.json"):  # lm eval's results with other RoPE extensions
         result.unlink()
+    for events in run_dir.glob("events.out.tfevents.*"):  # TensorBoard's, of the earlier run
+        events.unlink()
 
 
 def short_validation(config: Config, val_tokens: int) -> str | None:
@@ -191,34 +193,35 @@ def config_for_init(
 
 
 def init_weights_from(
-    model: TransformerLM, source: str | Path, run_dir: Path | None = None
+    model: TransformerLM, source: str | Path, tokenizer: TextTokenizer | None = None
 ) -> None:
-    """Load the newest weights of run ``source`` into ``model`` (the optimizer starts fresh).
-
-    With ``run_dir`` (the new run, main process), check that it tokenizes as ``source`` does and
-    record the origin in its run.json.
-    """
+    """Load the newest weights of run ``source`` into ``model`` (the optimizer starts fresh),
+    having checked that the new run's ``tokenizer`` (when given) is the one they learned."""
     source = Path(source)
     saved, checkpoint = _init_source(source)
     _check_fits(source, saved.model, model)
-    if run_dir is not None and (run_dir / TOKENIZER).is_file():
-        ours = TextTokenizer.load(run_dir / TOKENIZER).to_json()
-        if ours != TextTokenizer.load(source / TOKENIZER).to_json():
-            raise LMError(
-                f"--init-from {source}: this run's tokenizer differs from the one its weights "
-                f"were trained with; set data.tokenizer: {source / TOKENIZER}"
-            )
+    learned = TextTokenizer.load(source / TOKENIZER).to_json()
+    if tokenizer is not None and tokenizer.to_json() != learned:
+        raise LMError(
+            f"--init-from {source}: this run's tokenizer differs from the one its weights "
+            f"were trained with; set data.tokenizer: {source / TOKENIZER}"
+        )
     load_weights(model, checkpoint)
-    if run_dir is not None:
-        path = run_dir / PROVENANCE
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
-        record["init_from"] = {
-            "run": str(source.resolve()),
-            "checkpoint": folder.name,
-            "step": read_state(folder)["step"],
-        }
-        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def record_init_from(run_dir: Path, source: str | Path) -> None:
+    """Note in ``run_dir``'s run.json which run, checkpoint and step its weights started from."""
+    source = Path(source)
+    _, checkpoint = _init_source(source)
+    path = run_dir / PROVENANCE
+    record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    record["init_from"] = {
+        "run": str(source.resolve()),
+        "checkpoint": folder.name,
+        "step": read_state(folder)["step"],
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def check_has_optimizer(run_dir: Path, checkpoint: Path, state: dict[str, Any]) -> None:

@@ -102,7 +102,14 @@ class T5(Scheme):
 
     def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """``b_head[bucket(query - key)]`` (broadcast together)."""
-        return self.table[head, t5_bucket(query - key, self.buckets, self.max_distance)]
+        bucket = t5_bucket(query - key, self.buckets, self.max_distance)
+        if bucket.dim() == 0:  # FlexAttention's score function: one score at a time
+            return self.table[head, bucket]
+        # index_select, whose gradient (index_add) sums in one order on any number of threads;
+        # indexing's (index_put with accumulate) sums in parts that depend on the thread count.
+        index = (head * self.buckets + bucket).reshape(-1)
+        shape = torch.broadcast_shapes(head.shape, bucket.shape)
+        return self.table.reshape(-1).index_select(0, index).view(shape)
 
     def prepare(self, plan: Plan) -> Plan:
         return plan.sharing(T5, plan.additive_mask(self.bias_at))
@@ -171,14 +178,27 @@ def fire_bias(
     unit at a time, so that FlexAttention can run it inside its kernel, one score at a time
     (it compiles pointwise arithmetic, not a matrix product)."""
     i, j = query.float(), key.float()
-    psi_d = torch.log((c * (i - j)).abs() + 1)
-    psi_i = torch.log((c * torch.maximum(i, threshold)).abs() + 1) + 1e-6
-    x = psi_d / psi_i  # in [0, 1] for j <= i: progressive interpolation
+    distance = i - j
+    psi_d = torch.log((along(c, distance, -1) * distance).abs() + 1)
+    psi_i = torch.log((along(c, i, -2) * torch.maximum(i, along(threshold, i, -2))).abs() + 1)
+    x = psi_d / (psi_i + 1e-6)  # in [0, 1] for j <= i: progressive interpolation
     w1, b1, w2, b2 = mlp
     out = b2[head]
     for k in range(w1.shape[0]):
-        out = out + w2[head, k] * torch.relu(w1[k] * x + b1[k])
+        out = out + w2[head, k] * torch.relu(along(w1[k], x, -1) * x + along(b1[k], x, -1))
     return out
+
+
+def along(scalar: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """A learned scalar spread along dimension ``dim`` of ``like`` (``[n]`` at -1, ``[n, 1]``
+    at -2), which broadcasts like the scalar. Its gradient then sums ``like``'s other dimensions
+    first and ``n`` numbers after: the same order on any number of threads, where one sum of a
+    whole tensor into a scalar adds in parts that depend on the thread count. A 0-d ``like``
+    (FlexAttention's score function) takes the scalar as it is."""
+    if like.dim() < -dim:
+        return scalar
+    n = like.shape[dim]
+    return scalar.expand(n) if dim == -1 else scalar.expand(n, 1)
 
 
 class FIRE(Scheme):

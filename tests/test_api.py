@@ -1,0 +1,113 @@
+"""The Python API at the package's face, through the calls docs/python-api.md documents: train,
+load, generate and loss_at give what the command line gives, the notes' formulas give the notes'
+numbers, ``import lm`` stays light, and the tutorial notebook runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _support import tiny_config, write_config
+
+import lm
+from lm.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny run trained through ``lm.train`` from a config file with overrides."""
+    root = tmp_path_factory.mktemp("api")
+    config = write_config(root / "tiny.yaml", data={"cache_dir": str(root / "cache")})
+    result = lm.train(config, root / "run", overrides=["train.max_steps=20"], quiet=True)
+    return root, result
+
+
+def test_train_from_a_file_with_overrides_and_from_a_config(trained, tmp_path):
+    root, result = trained
+    assert result.status == "done" and result.step == 20 and result.run_dir == root / "run"
+    assert math.isfinite(result.val_loss)
+    config = tiny_config(train={"max_steps": 4, "eval_every": 0}, data={"cache_dir": str(root)})
+    again = lm.train(config, tmp_path / "obj", quiet=True)
+    assert again.status == "done" and again.step == 4
+    with pytest.raises(ValueError, match="overrides apply to a config file"):
+        lm.train(config, tmp_path / "x", overrides=["train.max_steps=2"])
+    with pytest.raises(lm.config.LMError, match="already"):  # a run is never clobbered
+        lm.train(config, tmp_path / "obj", quiet=True)
+
+
+def test_load_generate_and_loss_at_give_what_the_command_line_gives(trained, capsys):
+    root, _ = trained
+    run = lm.load(root / "run", device="cpu")
+    assert run.step == 20 and run.config.train.max_steps == 20 and not run.model.training
+    texts = lm.generate(run, ["The for", ""], max_new_tokens=12)
+    assert len(texts) == 2 and texts[0].startswith("The for")
+    assert lm.generate(run, "The for", max_new_tokens=12) == texts[:1]  # one string, one text
+    argv = ["sample", str(root / "run"), "--prompt", "The for", "--prompt", ""]
+    assert main([*argv, "--max-new-tokens", "12"]) == 0
+    assert capsys.readouterr().out == "\n\n".join(texts) + "\n"
+
+    losses = lm.loss_at(run, ["1x", 48])
+    assert list(losses) == [32, 48]
+    assert main(["eval", str(root / "run"), "--context-lengths", "1x,48"]) == 0
+    rows = json.loads((root / "run" / "eval.json").read_text())["rows"]
+    assert {r["context_length"]: r["loss"] for r in rows} == losses
+
+
+def test_the_notes_formulas_give_the_notes_numbers():
+    q = torch.tensor([[1.0]])
+    k = torch.tensor([[0.0], [math.log(2)], [math.log(3)]])
+    v = torch.tensor([[1.0, 0.0], [0.0, 2.0], [2.0, 2.0]])
+    y, a = lm.attention(q, k, v)  # the soft-lookup example
+    assert torch.allclose(a, torch.tensor([[1 / 6, 2 / 6, 3 / 6]]))
+    assert torch.allclose(y, torch.tensor([[7 / 6, 5 / 3]]))
+    M = lm.causal_mask(3)
+    assert M.tolist() == [[0, -math.inf, -math.inf], [0, 0, -math.inf], [0, 0, 0]]
+    allowed = lm.attention_mask(torch.tensor([[True, True, False]]))
+    assert allowed.shape == (1, 1, 3, 3) and allowed[0, 0, :2].tolist() == [
+        [True, False, False],
+        [True, True, False],
+    ]
+    p = lm.sinusoids(6, 4)
+    assert torch.allclose(
+        p[5], torch.tensor([math.sin(5), math.cos(5), math.sin(0.05), math.cos(0.05)])
+    )
+    x, w = torch.randn(1, 8), torch.randn(1, 8)
+
+    def score(l, s):
+        return lm.rope(x, torch.tensor([l])) @ lm.rope(w, torch.tensor([s])).T
+
+    assert torch.allclose(score(1, 3), score(2, 4), atol=1e-5)  # the offset alone
+    assert not torch.allclose(score(1, 3), score(1, 4), atol=1e-3)
+
+
+def test_import_lm_loads_no_torch_and_names_the_api():
+    code = "import lm, sys; assert 'torch' not in sys.modules; print(sorted(dir(lm)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for name in ("train", "load", "generate", "loss_at", "attention", "rope", "sinusoids"):
+        assert name in done.stdout
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        lm.nothing  # noqa: B018
+
+
+def test_the_tutorial_notebook_runs_and_checks_the_notes_examples(tmp_path):
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "docs" / "tutorial.ipynb", as_version=4)
+    stored = [c for c in notebook.cells if c.cell_type == "code"]
+    showing = [c for c in stored if "print(" in c.source or "plt.show()" in c.source]
+    assert showing and all(c.outputs for c in showing), "the notebook is stored with its outputs"
+    # Its tiny run tokenizes into this test's cache, not the user's.
+    env = {**os.environ, "LM_CACHE": str(tmp_path / "cache")}
+    client = nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
+    client.execute(env=env)  # every cell asserts what the notes say; an error fails here
+    assert not list(tmp_path.glob("*.png")), "the notebook writes nothing beside itself"

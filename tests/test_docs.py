@@ -1,0 +1,234 @@
+"""The README and docs/ say what the code does: every command they show parses, the configuration
+page is the dataclasses', the quoted tables are the committed reports', every link and path
+exists, the layout names every module, the command reference names every flag, and the imports
+flow one way."""
+
+import argparse
+import ast
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lm.cli import build_parser
+from lm.config.names import SCHEME_PLACES
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_the_readme_is_a_door():
+    text = _text(README)
+    assert len(text.splitlines()) <= 250
+    assert not re.search(r"\bsitting\b|run again on|measured again", text, re.IGNORECASE)
+    for needed in ("pip install", "lm train configs/default.yaml", "python -m pytest"):
+        assert needed in text
+
+
+def _shown_commands(path: Path) -> list[str]:
+    """Every ``lm ...`` command in a ```bash block (continuations joined, comments dropped),
+    also those run as ``python -m lm`` or under ``torchrun ... -m lm``."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", _text(path), re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if "-m" in words and words[words.index("-m") + 1 :][:1] == ["lm"]:
+                words = ["lm", *words[words.index("-m") + 2 :]]
+            if words[:1] == ["lm"]:
+                commands.append(words[1:])
+    return commands
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_lm_command_shown_is_accepted_by_the_parser(page, capsys):
+    parser = build_parser()
+    for argv in _shown_commands(page):
+        try:
+            parser.parse_args(argv)
+        except SystemExit as e:
+            if e.code != 0 or argv[-1:] not in (["--version"], ["--help"]):
+                pytest.fail(f"{page.name}: lm {shlex.join(argv)}: {capsys.readouterr().err}")
+
+
+def test_shown_commands_write_only_under_runs_or_exports():
+    for page in PAGES:
+        for argv in _shown_commands(page):
+            for flag in ("--out",):
+                if flag in argv:
+                    out = argv[argv.index(flag) + 1]
+                    assert out.startswith(("runs/", "exports/")), f"{page.name}: lm {argv}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_link_and_named_path_exists(page):
+    text = _text(page)
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if not target.startswith(("http://", "https://")):
+            assert (page.parent / target).exists(), f"{page.name}: link to {target}"
+    for path in set(re.findall(r"`((?:lm|scripts|configs|tests)/[\w/.]+\.(?:py|sh|yaml))`", text)):
+        assert (ROOT / path).exists(), f"{page.name}: {path}"
+
+
+def test_the_configuration_page_is_generated_from_the_dataclasses():
+    script = ROOT / "scripts" / "config_reference.py"
+    done = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_quoted_tables_are_the_committed_reports():
+    script = ROOT / "scripts" / "docs_tables.py"
+    done = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for page in PAGES:  # and every marked table has been filled in
+        for body in re.findall(r"<!-- table: [^>]*-->\n(.*?)<!-- end table -->", _text(page), re.S):
+            assert body.startswith("|"), f"{page.name}: an empty quoted table"
+
+
+def test_the_positions_page_has_every_scheme_where_it_acts():
+    rows = {}
+    for line in _text(ROOT / "docs" / "positions.md").splitlines():
+        match = re.match(r"\| `(\w+)` \| ([a-z ]+) \|", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    assert rows == SCHEME_PLACES
+
+
+def test_the_notes_table_names_functions_where_they_are_defined():
+    section = _text(README).split("## From the notes to the code", 1)[1].split("\n## ", 1)[0]
+    for path, names in re.findall(r"`((?:lm|tests)/[\w/]+\.py)` ((?:`[\w.]+`(?:, )?)+)", section):
+        tree = ast.parse(_text(ROOT / path))
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        for name in re.findall(r"`([\w.]+)`", names):
+            assert name.split(".")[-1] in defined, f"{path} defines no {name}"
+
+
+def _layout() -> str:
+    return _text(README).split("## Layout", 1)[1].split("```", 2)[1]
+
+
+def test_the_layout_names_every_module_and_script():
+    layout = _layout()
+    named = set(re.findall(r"(?:lm|scripts)/[\w/.]+", layout))
+    for path in sorted((ROOT / "lm").rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if path.name == "__init__.py" and rel.parent != Path("lm"):
+            continue  # a package's face: its folder's line names it
+        folder = f"{rel.parent}/"
+        assert str(rel) in named or (folder in named and path.name in layout), str(rel)
+    for path in sorted((ROOT / "scripts").iterdir()):
+        assert f"scripts/{path.name}" in named, path.name
+    for name in named:
+        assert (ROOT / name).exists(), f"the layout names {name}, which does not exist"
+
+
+def test_lm_has_at_most_8_top_level_modules_and_none_over_700_lines():
+    assert len(list((ROOT / "lm").glob("*.py"))) <= 8
+    for path in (ROOT / "lm").rglob("*.py"):
+        assert len(_text(path).splitlines()) <= 700, path
+
+
+# A module imports only from wings below it; lm/__init__.py hands on the API's names lazily.
+LAYERS = {
+    "config": 0,
+    "runtime": 1,
+    "model": 2,
+    "data": 2,
+    "runs": 3,
+    "hf": 4,
+    "sample": 4,
+    "evaluate": 5,
+    "training": 6,
+    "compare": 7,
+    "api": 8,
+    "cli": 9,
+    "__main__": 10,
+}
+
+
+def _wing(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_imports_flow_one_way_and_form_no_circle():
+    edges = {}
+    for path in (ROOT / "lm").rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(rel.parts).removesuffix(".__init__")
+        if module == "lm":
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(_text(path))):  # lazy and type-only imports included
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lm."):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names if a.name.startswith("lm.")}
+        edges[module] = imported
+        for other in imported:
+            a, b = _wing(module), _wing(other)
+            assert a == b or LAYERS[b] < LAYERS[a], f"{module} imports {other}, above or beside it"
+
+    # Within a wing too, no module reaches itself again.
+    def reaches(start, seen):
+        for nxt in edges.get(start, ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                reaches(nxt, seen)
+        return seen
+
+    for module in edges:
+        assert module not in reaches(module, set()), f"{module} is on an import circle"
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"": parser, **sub.choices}
+
+
+def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {
+        flag
+        for action in parser._actions
+        if not isinstance(action, argparse._SubParsersAction)
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+
+
+def test_the_command_reference_names_every_flag_of_every_command_and_no_other():
+    """Each command's synopsis (the ```text blocks of docs/commands.md) names its flags; the
+    flags several commands share are in the page's last list, with the commands they go to."""
+    page = _text(ROOT / "docs" / "commands.md")
+    named: dict[str, set[str]] = {}
+    for block in re.findall(r"```text\n(.*?)```", page, re.DOTALL):
+        command = None
+        for line in block.splitlines():  # an indented line goes on with the command above
+            command = (re.findall(r"^lm ([a-z]+)", line) or [command])[0]
+            named.setdefault(command, set()).update(re.findall(r"--[a-z][a-z-]*", line))
+    shared = page.split("## Flags several commands share", 1)[1]
+    for flags, where in re.findall(r"^- `([^`]*)` \(([^)]*)\)", shared, re.MULTILINE):
+        for command in re.findall(r"`([a-z]+)`", where):
+            named.setdefault(command, set()).update(re.findall(r"--[a-z][a-z-]*", flags))
+    named.setdefault("", set()).update(re.findall(r"`lm (--[a-z-]+)`", shared))
+    for command, parser in _subcommands().items():
+        flags = _flags(parser)
+        assert sorted(flags - named.get(command, set())) == [], f"lm {command}: flags not named"
+        extra = named.get(command, set()) - flags
+        assert sorted(extra) == [], f"lm {command}: the page names flags it does not take"
+
+
+def test_every_flag_has_help_text_and_checkpoint_says_a_name_works():
+    for command, parser in _subcommands().items():
+        for action in parser._actions:
+            if action.option_strings and action.help in (None, ""):
+                raise AssertionError(f"lm {command} {action.option_strings[0]}: no help text")
+            if "--checkpoint" in action.option_strings:
+                assert "name" in action.help and "folder" in action.help, (command, action.help)
