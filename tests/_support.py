@@ -137,8 +137,10 @@ def nan_loss_at_step(step: int) -> Iterator[None]:
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl, read as strict JSON (NaN and Infinity are not JSON)."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    strict = {"parse_constant": lambda word: pytest.fail(f"metrics.jsonl holds {word}")}
+    return [json.loads(line, **strict) for line in lines if line.strip()]
 
 
 def losses(run_dir: Path, key: str = "train_loss") -> dict[int, float]:

@@ -2,15 +2,19 @@
 differences between two configs, and keys read under their old names."""
 
 import dataclasses
+import re
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from _support import assert_one_line, tiny_config
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lm.config.errors import ConfigError
 from lm.config.load import SECTIONS, config_diff, flatten, load_config, parse_overrides, save_config
 from lm.config.sections import Config, ModelConfig, TrainConfig
+from lm.config.values import parse_value, split_values
 from lm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).parent.parent
@@ -250,3 +254,82 @@ def test_runs_written_before_the_switches_became_booleans_still_load(tmp_path):
             write(tmp_path, f"train:\n  compile: '{word}'\n  tensorboard: '{word}'\n")
         )
         assert cfg.train.compile is value and cfg.train.tensorboard is value
+
+
+# Command-line values: parsed as what they say, or refused in one line naming the flag.
+
+NAMES = st.sampled_from(["rope", "none", "alibi", "1e4", "10000", "0.5", "true", "data/a.txt"])
+LISTS = st.lists(NAMES, min_size=1, max_size=3).map(lambda names: "[" + ", ".join(names) + "]")
+QUOTED = st.sampled_from(['"a,b.txt"', "'x, y'"])
+
+
+@given(st.lists(st.one_of(NAMES, LISTS, QUOTED), min_size=1, max_size=4))
+def test_well_formed_sweep_values_split_back_into_themselves(values):
+    for sep in (",", ", ", " , "):
+        assert split_values(sep.join(values), "--vary k") == values
+
+
+@given(st.text(alphabet="ab1 ,[]'\"", max_size=16))
+def test_random_sweep_values_split_or_are_refused_in_one_line(text):
+    try:
+        values = split_values(text, "--vary k")
+    except ConfigError as e:
+        assert_one_line(e, "--vary k")
+        return
+    for value in values:  # each piece whole: not empty, brackets paired, quotes closed
+        assert value and value == value.strip()
+        bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", value)  # what quotes hold is text
+        assert bare.count("[") == bare.count("]") and not set(bare) & set("'\"")
+    assert ",".join(values).replace(" ", "") == text.replace(" ", "")
+
+
+@given(st.text(alphabet="ab1 ,[]'\"", max_size=16))
+def test_random_set_values_parse_or_are_refused_in_one_line(text):
+    try:
+        value = parse_value(text, "--set model.position")
+    except ConfigError as e:
+        assert_one_line(e, "--set model.position")
+        return
+    if text.strip().startswith("["):  # a list: of its items, each parsed alone
+        assert isinstance(value, list)
+        assert len(value) == (len(split_values(text.strip()[1:-1], "k")) if value else 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("[rope,none", "is not a list"),
+        ("rope,none]", "is not a list"),
+        ("[rope,,none]", "empty value"),
+        ("[rope,none,]", "empty value"),
+        ("[rope,[none]]", "list inside the list"),
+        ("[rope,'none]", "does not close it"),
+    ],
+)
+def test_a_malformed_list_names_its_flag(value, says):
+    with pytest.raises(ConfigError, match=re.escape(says)) as e:
+        load_config(None, [f"model.position={value}"])
+    assert_one_line(e, "--set model.position")
+
+
+def test_values_yaml_reads_otherwise_are_the_text_given():
+    assert parse_value("builtin:") == "builtin:" and parse_value("{a: 1}") == "{a: 1}"
+    assert parse_value("[rope, 'x,y']") == ["rope", "x,y"] and parse_value("[]") == []
+    with pytest.raises(ConfigError, match=r"data\.source: unknown builtin 'builtin:'"):
+        load_config(None, ["data.source=builtin:"])
+
+
+def test_a_single_task_length_and_messages_say_null(tmp_path):
+    copy = ["data.source=builtin:copy", "data.task_eval_lengths=1-10"]
+    assert load_config(None, [*copy, "data.task_lengths=8"]).data.task_ranges()[0] == range(8, 9)
+    assert load_config(write(tmp_path, "data:\n  source: builtin:copy\n  task_lengths: 3\n"))
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["model.n_layer=null"])
+    assert "None" not in str(e.value)
+
+
+def test_random_positions_are_bounded_before_anything_is_allocated():
+    with pytest.raises(ConfigError, match="is more than 65,536") as e:
+        load_config(None, ["model.random_positions=1000000000"])
+    assert_one_line(e, "model.random_positions")
+    assert load_config(None, ["model.random_positions=65536"]).model.random_positions == 65536

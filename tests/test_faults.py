@@ -159,6 +159,7 @@ def test_a_failing_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch
     assert [p.name for p in complete_checkpoints(tmp_path / "stop")] == ["step_00000005"]
     assert not writing(tmp_path / "stop")
     assert load_run(tmp_path / "stop").step == 5
+    assert metrics(tmp_path / "stop")[-1]["status"] == "checkpoint_failed"
 
     calls["n"] = 0
     cfg = tiny_config(
@@ -175,6 +176,11 @@ def test_nonfinite_loss_stops_at_its_step_keeping_the_last_good_checkpoint(tmp_p
         result = train(cfg, tmp_path / "run", quiet=True)
     assert result.status == "nonfinite" and "step 8" in result.message
     assert latest_checkpoint(tmp_path / "run").name == "step_00000005"
+    # The log's last line says why the run stopped.
+    assert metrics(tmp_path / "run")[-1] == {
+        "step": result.step, "elapsed_s": metrics(tmp_path / "run")[-1]["elapsed_s"],
+        "status": "nonfinite", "message": result.message,
+    }  # fmt: skip
     run = load_run(tmp_path / "run")
     assert all(torch.isfinite(p).all() for p in run.model.parameters())
 
@@ -187,6 +193,10 @@ def test_nonfinite_loss_can_be_skipped_and_is_counted(tmp_path):
     by_step = {m["step"]: m for m in metrics(tmp_path / "run") if "nonfinite_skips" in m}
     assert by_step[7]["nonfinite_skips"] == 0 and by_step[8]["nonfinite_skips"] == 1
     assert by_step[20]["nonfinite_skips"] == 1
+    # Step 8 was skipped: its interval has no loss and its gradient norm is not a number.
+    assert by_step[8]["train_loss"] is None and by_step[8]["grad_norm"] is None
+    assert by_step[9]["train_loss"] > 0 and by_step[9]["grad_norm"] > 0
+    assert metrics(tmp_path / "run")[-1]["status"] == "done"
     run = load_run(tmp_path / "run")
     assert all(torch.isfinite(p).all() for p in run.model.parameters())
 

@@ -319,3 +319,50 @@ def test_messages_point_the_right_way(run, tmp_path, capsys):
         "train.micro_batch_size: 16",
         "more than train.batch_size 8",
     )
+
+
+@pytest.mark.parametrize(
+    ("vary", "says"),
+    [
+        ("model.position=rope,[rope,none", "does not close it"),
+        ("model.position=rope,[rope,none],[rope, none]", "are the same setting"),
+        ("model.rope_base=1e4,10000", "are the same setting"),
+        ("model.position=rope,,alibi", "empty value"),
+        ("model.position=rope,alibi,", "empty value"),
+        ("data.source=data/a/t.txt,data/a_t.txt", "would both train in"),
+    ],
+)
+def test_sweep_values_are_compared_as_settings_before_any_training(
+    tmp_path, capsys, monkeypatch, vary, says
+):
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    for name in ("data/a/t.txt", "data/a_t.txt"):
+        (tmp_path / name).write_text("some text to train on\n" * 50)
+    cfg = write_config(tmp_path / "c.yaml")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "sweep"
+    expect_error(capsys, ["compare", str(cfg), "--vary", vary, "--out", str(out)], "--vary", says)
+    assert not out.exists()  # nothing trained, nothing recorded
+
+
+def test_a_joint_report_is_rebuilt_from_its_record(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    joint = tmp_path / "joint"
+    assert main(["compare", str(run), str(other), "--out", str(joint), "--quiet"]) == 0
+    first = (joint / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["compare", str(joint), "--quiet"]) == 0  # its runs live elsewhere
+    assert (joint / "report.md").read_text() == first
+
+
+def test_a_damaged_metrics_log_is_read_past_its_cut_last_line_or_named(run, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    log = copy / "metrics.jsonl"
+    whole = log.read_bytes()
+    log.write_bytes(whole + b'{"step": 21, "train_lo')  # what a kill mid-write leaves
+    assert main(["compare", str(copy), "--quiet"]) == 0
+    for damage in (b"not json\n", b"\xff\xfe\n"):
+        log.write_bytes(damage + whole)
+        expect_error(capsys, ["compare", str(copy), "--quiet"], "metrics.jsonl", "line 1")

@@ -326,3 +326,24 @@ def test_task_runs_add_accuracy_by_length_in_bins_with_the_trained_lengths_marke
     # Runs on text have no accuracy: no such section, no such picture.
     plain = write_report(results, tmp_path / "text", PROMPT, 12)
     assert "accuracy" not in plain and not (tmp_path / "text" / "accuracy_vs_length.png").exists()
+
+
+def test_task_runs_asked_at_different_lengths_share_one_table(results, tmp_path):
+    def accuracy(lengths: range, value: float) -> list[dict]:
+        return [
+            {"length": n, "accuracy": value, "correct": 1, "examples": 10, "trained": n <= 4}
+            for n in lengths
+        ]
+
+    # lm compare runs/a runs/b of two task runs asked at 1-16 and at 1-10.
+    tasks = [
+        dataclasses.replace(results[0], accuracy=accuracy(range(1, 17), 0.5)),
+        dataclasses.replace(results[2], accuracy=accuracy(range(1, 11), 0.25)),
+    ]
+    markdown = write_report(tasks, tmp_path, PROMPT, 12)
+    header = next(line for line in markdown.splitlines() if "(trained)" in line)
+    assert header == "| position | 1–4 (trained) | 5–7 | 8–10 | 11–13 | 14–16 | all unseen |"
+    table = rows(markdown, 7)
+    assert table["rope"] == [["rope", "50.0%", "50.0%", "50.0%", "50.0%", "50.0%", "50.0%"]]
+    assert table["learned"] == [["learned", "25.0%", "25.0%", "25.0%", "n/a", "n/a", "25.0%"]]
+    assert "asked at different lengths" in markdown

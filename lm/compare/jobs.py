@@ -18,7 +18,6 @@ them; a job that fails stops the others the same way.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -32,6 +31,7 @@ from pathlib import Path
 from lm.config.errors import LMError
 from lm.runs.directory import METRICS
 from lm.runtime.host import StopSignals
+from lm.training.metrics import read_metrics
 
 PROGRESS_EVERY_S = 30.0
 
@@ -135,10 +135,10 @@ class _Process:
 def _newest(job: Job) -> dict | None:
     """The run's newest logged training step from its metrics.jsonl, if it has logged one."""
     try:
-        lines = (job.run_dir / METRICS).read_text(encoding="utf-8").splitlines()
-        return next(json.loads(x) for x in reversed(lines) if '"train_loss"' in x)
-    except (OSError, ValueError, StopIteration):
+        records = read_metrics(job.run_dir / METRICS)
+    except LMError:  # a progress line is no place to report a damaged log: the run will
         return None
+    return next((r for r in reversed(records) if "train_loss" in r), None)
 
 
 def _progress(job: Job) -> str:

@@ -310,12 +310,14 @@ def _trained_lengths(result: RunResult) -> range:
     return range(lengths[0], lengths[-1] + 1) if lengths else range(0)
 
 
-def _accuracy_bins(result: RunResult) -> list[tuple[str, list[int]]]:
-    """The accuracy table's columns: the trained lengths, the longer ones in up to four bins of
-    consecutive lengths, and every unseen length together."""
-    rows = result.accuracy or []
-    trained = [r["length"] for r in rows if r["trained"]]
-    unseen = [r["length"] for r in rows if not r["trained"]]
+def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[int]]]:
+    """The accuracy table's columns, over every length any run was asked at: the first run's
+    trained lengths, the longer ones in up to four bins of consecutive lengths, and every
+    unseen length together."""
+    first = next(r for r in results if r.accuracy is not None)
+    asked = sorted({row["length"] for r in results for row in r.accuracy or []})
+    trained = [row["length"] for row in first.accuracy if row["trained"]]
+    unseen = [n for n in asked if n not in trained]
     below = [n for n in unseen if trained and n < trained[0]]
     above = [n for n in unseen if n not in below]
     bins = [(_span(below), below)] if below else []
@@ -334,9 +336,9 @@ def _span(lengths: list[int]) -> str:
 
 def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str]:
     """Exact-match accuracy, one row per group: each cell the mean over the column's lengths,
-    then mean ± std over seeds."""
-    first = next(r for runs in groups.values() for r in runs if r.accuracy is not None)
-    bins = _accuracy_bins(first)
+    then mean ± std over seeds; n/a where a run was asked at none of the column's lengths."""
+    runs_of = [r for runs in groups.values() for r in runs if r.accuracy is not None]
+    bins = _accuracy_bins(runs_of)
     lines = ["| " + " | ".join([header, *(name for name, _ in bins)]) + " |"]
     lines.append("|---" + "|---:" * len(bins) + "|")
     for label, runs in groups.items():
@@ -344,12 +346,19 @@ def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str
             continue
         cells = [_cell(label)]
         for _, lengths in bins:
-            means = [
-                statistics.mean(row["accuracy"] for row in r.accuracy if row["length"] in lengths)
-                for r in runs
-            ]
+            means = []
+            for r in runs:
+                found = [row["accuracy"] for row in r.accuracy if row["length"] in lengths]
+                means.append(statistics.mean(found) if found else None)
             cells.append(_mean_std(means, ".1%"))
         lines.append("| " + " | ".join(cells) + " |")
+    layouts = {tuple((row["length"], row["trained"]) for row in r.accuracy) for r in runs_of}
+    if len(layouts) > 1:
+        lines += [
+            "",
+            "The runs were trained or asked at different lengths: the columns are every length "
+            "any run was asked at, the trained one the first run's; n/a where a run has none.",
+        ]
     return lines
 
 

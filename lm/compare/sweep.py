@@ -40,7 +40,7 @@ from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
 from lm.config.names import task_of
 from lm.config.sections import Config, TrainConfig
-from lm.config.values import parse_rope_scaling, split_values
+from lm.config.values import parse_rope_scaling, parse_value, shown, split_values
 from lm.data.sources import prepare_data, print_to_stderr
 from lm.data.tasks import evaluation_examples
 from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
@@ -49,6 +49,7 @@ from lm.runs.directory import CONFIG, METRICS, TOKENIZER, check_out_dir
 from lm.runtime.device import resolve_device
 from lm.sample import generate
 from lm.training.loop import train
+from lm.training.metrics import read_metrics
 
 DEFAULT_OUT = Path("runs/compare")
 DEFAULT_PROMPT = "The for statement"
@@ -125,11 +126,9 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         )
     key, values = text.split("=", 1)
     key = key.strip()
-    texts = split_values(values)  # a list value keeps its commas: rope,[rope,none]
-    if not texts:
+    if not values.strip():
         raise ConfigError(f"--vary {key}: no values given after '='")
-    if len(set(texts)) != len(texts):
-        raise ConfigError(f"--vary {key}: a value is listed twice")
+    texts = split_values(values, f"--vary {key}")  # a list keeps its commas: rope,[rope,none]
     if key == "train.seed":
         raise ConfigError("--vary train.seed: use --seeds to repeat runs over seeds")
     if key.startswith("eval."):
@@ -137,11 +136,24 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
             raise ConfigError(
                 f"--vary {key}: unknown evaluation key (allowed: {', '.join(EVAL_KEYS)})"
             )
-        for value in texts:
-            parse_rope_scaling(value, f"--vary {key}")
+        settings = [parse_rope_scaling(value, f"--vary {key}") for value in texts]
+        _refuse_repeats(key, texts, settings)
         return key, texts
-    parse_overrides([f"{key}={v}" for v in texts], flag="--vary")
+    parse_overrides([f"{key}={v}" for v in texts], flag="--vary")  # the key, and each value
+    _refuse_repeats(key, texts, [parse_value(v, f"--vary {key}") for v in texts])
     return key, texts
+
+
+def _refuse_repeats(key: str, texts: list[str], settings: list[Any]) -> None:
+    """Two values that are one setting (``1e4`` and ``10000``, ``[rope,none]`` and ``[rope,
+    none]``) would train one run twice: refused, naming both."""
+    for i, setting in enumerate(settings):
+        for j in range(i):
+            if settings[j] == setting:
+                raise ConfigError(
+                    f"--vary {key}: {texts[j]} and {texts[i]} are the same setting; give each "
+                    "value once"
+                )
 
 
 def split_varies(
@@ -174,7 +186,20 @@ def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Pa
         return out_dir / f"seed{seed}"
     # A path-like value must not become nested folders, nor a list a shell pattern ([a,b]).
     safe = value.replace("/", "_").replace("[", "").replace("]", "").replace(" ", "")
+    safe = safe.replace('"', "").replace("'", "")
     return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
+
+
+def _refuse_shared_folders(key: str, texts: list[str], folders: list[Path]) -> None:
+    """Two values whose runs would share a folder (``data/a/t.txt`` and ``data/a_t.txt``) are
+    refused before any training, naming both."""
+    for i, folder in enumerate(folders):
+        for j in range(i):
+            if folders[j].parent == folder.parent:
+                raise ConfigError(
+                    f"--vary {key}: {texts[j]} and {texts[i]} would both train in "
+                    f"{folder.parent}; run them as two sweeps, or rename one"
+                )
 
 
 def _finished(state: dict[str, Any], tc: TrainConfig) -> bool:
@@ -196,7 +221,7 @@ def _check_same_config(run_dir: Path, config: Config) -> None:
         if name in ("model.vocab_size", "train.threads"):  # threads: the same numbers on any
             continue
         raise LMError(
-            f"{run_dir}: was trained with {name}={old!r}, this sweep asks for {new!r}; "
+            f"{run_dir}: was trained with {name}={shown(old)}, this sweep asks for {shown(new)}; "
             "delete that folder or choose another --out"
         )
 
@@ -235,6 +260,12 @@ def run_sweep(
         for seed in seeds
     ]
     configs = [load_config(config_path, keys) for _, keys in plan]  # every one checked first
+    if vary_key is not None:
+        seen = configs[:: len(seeds)]  # each value's first seed
+        _refuse_repeats(vary_key, list(values), [json.dumps(c.to_dict()) for c in seen])
+        _refuse_shared_folders(
+            vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
+        )
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     waiting = []
     for (run_dir, keys), config in zip(plan, configs, strict=True):
@@ -300,13 +331,6 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 # Measuring a run
 
 
-def _read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
 def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:
     """Training tokens (targets) consumed: exact for packed windows (every slot is a real token),
     else summed from each logged interval's throughput times its duration."""
@@ -337,7 +361,7 @@ def measure_run(
     if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
         rope_scaling = None  # the run's own extension: measured as trained
     run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
-    records = _read_metrics(run_dir)
+    records = read_metrics(run_dir / METRICS)
     vals = [r["val_loss"] for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
@@ -491,12 +515,20 @@ def compare(
         raise ConfigError(
             "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
         )
-    runs = find_runs(paths)
     recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
     evaluation = Evaluation()
     if recorded is not None:  # the report this folder holds: its runs in order, its settings
         order, evaluation = recorded
-        runs = [r for r in order if r in runs] + [r for r in runs if r not in order]
+        holds = any(Path(paths[0]).rglob(CONFIG))  # a joint report's runs live elsewhere
+        found = find_runs(paths) if holds else []
+        listed = [r for r in order if (r / CONFIG).is_file()]  # an interrupted sweep: not all
+        runs = listed + [r for r in found if r not in listed]
+        if not runs:
+            raise LMError(f"{paths[0]}: its {RECORD} lists no run that exists, and it holds none")
+        if len(listed) < len(order):
+            log(f"compare: {len(order) - len(listed)} run(s) {RECORD} lists do not exist yet")
+    else:
+        runs = find_runs(paths)
     evaluation = evaluation.given(**flags)
     if out is not None:
         out_dir = Path(out)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import types
 import typing
 from dataclasses import fields
@@ -17,6 +16,7 @@ import yaml
 
 from lm.config.errors import ConfigError
 from lm.config.sections import Config, DataConfig, ModelConfig, TrainConfig
+from lm.config.values import ConfigLoader, parse_value, shown
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
@@ -47,7 +47,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
             return value
         if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
-                raise ConfigError(f"{key}: must be a finite number, got {value!r}")
+                raise ConfigError(f"{key}: must be a finite number, got {shown(value)}")
             return float(value)
         if t is str and isinstance(value, str):
             return value
@@ -60,7 +60,7 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     wanted = " or ".join(_TYPE_WORDS[t] for t in options if t in _TYPE_WORDS)
     # Every optional key defaults to None, so null and leaving the key out are the same.
     default = " (or leave it out: null)" if type(None) in options else ""
-    return _raise(f"{key}: expected {wanted}, got {value!r}{default}")
+    return _raise(f"{key}: expected {wanted}, got {shown(value)}{default}")
 
 
 def _raise(message: str) -> Any:
@@ -96,7 +96,7 @@ def _build_section(name: str, values: Any) -> Any:
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise ConfigError(f"{name}: expected a mapping of keys, got {values!r}")
+        raise ConfigError(f"{name}: expected a mapping of keys, got {shown(values)}")
     values = _renamed(name, values)
     hints = typing.get_type_hints(cls)
     known = [f.name for f in fields(cls)]
@@ -141,23 +141,8 @@ def parse_overrides(pairs: list[str], flag: str = "--set") -> dict[str, dict[str
         if not parts[1].isidentifier():
             raise ConfigError(f"{flag} {key!r}: {_name(parts[1])} is not a config key name")
         name = RENAMED.get((parts[0], parts[1]), parts[1])
-        nested.setdefault(parts[0], {})[name] = parse_value(text)
+        nested.setdefault(parts[0], {})[name] = parse_value(text, f"{flag} {key.strip()}")
     return nested
-
-
-def parse_value(text: str) -> Any:
-    """A command-line value read as YAML (``3e-4`` is a number, ``true`` a bool, ``~`` None)."""
-    try:
-        value = yaml.load(text, Loader=_Loader) if text.strip() else text
-    except yaml.YAMLError:
-        return text
-    # YAML 1.1 reads "3e-4" as a string; accept it as the number a user meant.
-    if isinstance(value, str):
-        try:
-            return float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return value
-    return value
 
 
 def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -167,21 +152,9 @@ def merge(base: dict[str, Any], overrides: dict[str, dict[str, Any]]) -> dict[st
         if current is None:
             current = {}
         if not isinstance(current, dict):
-            raise ConfigError(f"{section}: expected a mapping of keys, got {current!r}")
+            raise ConfigError(f"{section}: expected a mapping of keys, got {shown(current)}")
         merged[section] = {**current, **values}
     return merged
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe YAML that reads numbers as users write them: YAML 1.1 (PyYAML) takes ``3e-4`` and
-    ``1E5`` for strings, since its floats need a dot and a signed exponent."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."),
-)
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
@@ -203,7 +176,7 @@ def read_yaml(path: str | Path) -> Any:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=ConfigLoader)
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
     except yaml.YAMLError as e:

@@ -29,12 +29,15 @@ from lm.config.names import (
     task_of,
     task_tokens,
 )
-from lm.config.values import parse_rope_scaling, parse_task_lengths, value_text
+from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
+
+RANDOM_POSITIONS_MAX = 1 << 16
+"""The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
 
 
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{section}.{name}: {value!r} is not one of {', '.join(allowed)}")
+        raise ConfigError(f"{section}.{name}: {shown(value)} is not one of {', '.join(allowed)}")
 
 
 def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
@@ -44,7 +47,7 @@ def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> 
             continue
         if value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
-            raise ConfigError(f"{section}.{name}: must be {bound}, got {value!r}")
+            raise ConfigError(f"{section}.{name}: must be {bound}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,12 @@ class ModelConfig:
         M = self.random_positions
         if M is None:
             return
+        if M > RANDOM_POSITIONS_MAX:
+            raise ConfigError(
+                f"model.random_positions: {M} is more than {RANDOM_POSITIONS_MAX:,}: every "
+                "training step draws each sequence's positions from a random order of all M, and "
+                "RoPE's angles (or a learned table) hold M rows"
+            )
         if self.context_length > M:
             raise ConfigError(
                 f"model.random_positions: {M} is below model.context_length="
@@ -307,10 +316,10 @@ class DataConfig:
     """How to hold it out: tail (the end of the source) | random (documents chosen by seed)."""
     seed: int = 1337
     """Seed of the random validation split and of a builtin task's examples."""
-    task_lengths: str = "1-20"
+    task_lengths: int | str = "1-20"
     """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
     of the input, or digits of each operand)."""
-    task_eval_lengths: str = "1-40"
+    task_eval_lengths: int | str = "1-40"
     """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
     task_examples: int = 20000
     """builtin tasks: training examples generated (val_fraction of them held out)."""
@@ -462,7 +471,9 @@ class TrainConfig:
                 "(train.parallel: fsdp); use adamw, or parallel: ddp"
             )
         if self.compile is not None and not isinstance(self.compile, bool):  # (from Python)
-            raise ConfigError(f"train.compile: expected true, false or None, got {self.compile!r}")
+            raise ConfigError(
+                f"train.compile: expected true, false or null, got {shown(self.compile)}"
+            )
         _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
         _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")

@@ -5,7 +5,10 @@ inline, comma-separated sweep values, RoPE's context extensions (``pi:4``) and a
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
+
+import yaml
 
 from lm.config.errors import ConfigError
 from lm.config.names import ROPE_SCALINGS
@@ -21,16 +24,88 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-def split_values(text: str) -> list[str]:
-    """``"rope,[rope,none],alibi"`` -> ``["rope", "[rope,none]", "alibi"]``: values separated by
-    the commas outside brackets, stripped; empty ones dropped."""
-    values, depth, start = [], 0, 0
-    for i, char in enumerate(text + ","):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth <= 0:
-            values.append(text[start:i].strip())
+def shown(value: Any) -> str:
+    """A value as a message quotes it, in the config's own words: ``null``, ``true``,
+    ``false``, lists as ``[a, b]``, strings quoted."""
+    if isinstance(value, str):
+        return repr(value)
+    return value_text(value)
+
+
+def split_values(text: str, where: str) -> list[str]:
+    """``"rope,[rope,none],alibi"`` -> ``["rope", "[rope,none]", "alibi"]``: the values of a
+    ``--vary``, separated by the commas outside brackets and quotes, each stripped. Brackets
+    must pair, quotes must close, and no value may be empty (two commas in a row, or one at an
+    end): otherwise a ConfigError naming ``where`` (the flag and key)."""
+    values, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"{where}: {text!r} closes a bracket it did not open")
+        elif char == "," and depth == 0:
+            values.append(text[start:i])
             start = i + 1
-    return [v for v in values if v]
+    if quote:
+        raise ConfigError(f"{where}: {text!r} opens a {quote} quote and does not close it")
+    if depth:
+        raise ConfigError(f"{where}: {text!r} opens a [ bracket and does not close it")
+    values = [value.strip() for value in [*values, text[start:]]]
+    if "" in values:
+        raise ConfigError(
+            f"{where}: {text!r} has an empty value (two commas in a row, or one at an end)"
+        )
+    return values
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """Safe YAML that reads numbers as users write them: YAML 1.1 (PyYAML) takes ``3e-4`` and
+    ``1E5`` for strings, since its floats need a dot and a signed exponent."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_value(text: str, where: str = "--set") -> Any:
+    """A command-line value: a list in brackets, ``[rope, none]``, of names or numbers; or one
+    YAML scalar (``3e-4`` is a number, ``true`` a bool, ``~`` None, ``'a,b'`` a string). A
+    list that is not one (an unclosed or extra bracket, an empty item, a list inside it) is a
+    ConfigError naming ``where``; text YAML reads as something else (``builtin:``, a mapping)
+    stays the text it is."""
+    stripped = text.strip()
+    if stripped.startswith("[") or stripped.endswith("]"):
+        if not (stripped.startswith("[") and stripped.endswith("]")):
+            raise ConfigError(f"{where}: {text!r} is not a list: a list is [a, b, ...]")
+        inner = stripped[1:-1]
+        if not inner.strip():
+            return []
+        items = split_values(inner, where)
+        if any(item.startswith("[") for item in items):
+            raise ConfigError(f"{where}: {text!r} holds a list inside the list; give names")
+        return [parse_value(item, where) for item in items]
+    try:
+        value = yaml.load(text, Loader=ConfigLoader) if stripped else text
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, (dict, list)):  # builtin: reads as {"builtin": None}
+        return text
+    # YAML 1.1 reads "3e-4" as a string; accept it as the number a user meant.
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return value
+    return value
 
 
 def parse_rope_scaling(text: str | None, key: str = "model.rope_scaling") -> tuple[str, float]:

@@ -332,45 +332,57 @@ def _loop(run: _Run, net: _Net, state: LoopState) -> tuple[str, str]:
     net.model.train()
     state.start_sitting()
     with StopSignals() as signals, contextlib.closing(metrics), bar:
-        while state.step < tc.max_steps:
-            lr = lr_at(state.step, tc)
-            set_lr(net.optimizer, lr)
-            micro_batches, n_targets = net.batches.step(state.step)
-            step_loss = net.stepper.forward_backward(micro_batches, n_targets)
-            grad_norm, finite = net.stepper.update(step_loss)
-            state.record(step_loss, finite, count_skips=not net.scaler.is_enabled())
-            state.step += 1
-            state.interval_tokens += n_targets
-            bar.update(1)
-            step = state.step
-            last = step == tc.max_steps
-            log = step % tc.log_every == 0 or last
-            evaluate_now = (tc.eval_every and step % tc.eval_every == 0) or last
-            periodic = tc.checkpoint_every and step % tc.checkpoint_every == 0
-            if not (log or evaluate_now or periodic):
-                continue
-            signalled = flagged_rank(run.world, signals.received is not None, run.device)
-            bad_step = int(state.first_nonfinite.item())
-            if bad_step and tc.on_nonfinite == "stop":
-                kept = latest_checkpoint(run.run_dir)
-                return "nonfinite", nonfinite_message(bad_step, step, kept, run.world.distributed)
-            if log:
-                _log_train(run, state, metrics, bar, lr, grad_norm)
-            reached = bool(evaluate_now) and _evaluate(run, net, state, metrics, bar)
-            if periodic or last or signalled is not None or reached:
-                failure = _save_everywhere(run, net, state)
-                if failure and (tc.on_checkpoint_error == "stop" or last):
-                    return "checkpoint_failed", failure
-                if failure:
-                    run.log(f"lm: {failure}; training goes on (on_checkpoint_error: continue)")
-            if signalled is not None:
-                who = f" on rank {signalled}" if run.world.distributed else ""
-                return "interrupted", (
-                    f"stopped by a signal{who} at step {step}; checkpoint saved, --resume goes on"
-                )
-            if reached:
-                val = state.val_loss
-                return "target", f"reached val_loss {val:.4f} <= {tc.target_loss} at step {step}"
+        status, message = _steps(run, net, state, metrics, bar, signals)
+        # The log's last line says how this sitting ended, whatever the reason.
+        end = {"step": state.step, **_clock(state), "status": status}
+        metrics.write({**end, "message": message} if message else end)
+    return status, message
+
+
+def _steps(
+    run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: tqdm, signals: StopSignals
+) -> tuple[str, str]:
+    """The loop itself, from ``state.step`` on: (status, message)."""
+    tc = run.config.train
+    while state.step < tc.max_steps:
+        lr = lr_at(state.step, tc)
+        set_lr(net.optimizer, lr)
+        micro_batches, n_targets = net.batches.step(state.step)
+        step_loss = net.stepper.forward_backward(micro_batches, n_targets)
+        grad_norm, finite = net.stepper.update(step_loss)
+        state.record(step_loss, finite, count_skips=not net.scaler.is_enabled())
+        state.step += 1
+        state.interval_tokens += n_targets
+        bar.update(1)
+        step = state.step
+        last = step == tc.max_steps
+        log = step % tc.log_every == 0 or last
+        evaluate_now = (tc.eval_every and step % tc.eval_every == 0) or last
+        periodic = tc.checkpoint_every and step % tc.checkpoint_every == 0
+        if not (log or evaluate_now or periodic):
+            continue
+        signalled = flagged_rank(run.world, signals.received is not None, run.device)
+        bad_step = int(state.first_nonfinite.item())
+        if bad_step and tc.on_nonfinite == "stop":
+            kept = latest_checkpoint(run.run_dir)
+            return "nonfinite", nonfinite_message(bad_step, step, kept, run.world.distributed)
+        if log:
+            _log_train(run, state, metrics, bar, lr, grad_norm)
+        reached = bool(evaluate_now) and _evaluate(run, net, state, metrics, bar)
+        if periodic or last or signalled is not None or reached:
+            failure = _save_everywhere(run, net, state)
+            if failure and (tc.on_checkpoint_error == "stop" or last):
+                return "checkpoint_failed", failure
+            if failure:
+                run.log(f"lm: {failure}; training goes on (on_checkpoint_error: continue)")
+        if signalled is not None:
+            who = f" on rank {signalled}" if run.world.distributed else ""
+            return "interrupted", (
+                f"stopped by a signal{who} at step {step}; checkpoint saved, --resume goes on"
+            )
+        if reached:
+            val = state.val_loss
+            return "target", f"reached val_loss {val:.4f} <= {tc.target_loss} at step {step}"
     return "done", ""
 
 
@@ -396,7 +408,8 @@ def _log_train(
     # The keys in the order metrics.jsonl has always had them.
     record = {"step": state.step, **_clock(state), "train_loss": loss, "lr": lr, **interval}
     metrics.write({**record, "rss_mb": resident_mb()})
-    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
+    shown = "skipped" if loss is None else f"{loss:.4f}"
+    bar.set_postfix(loss=shown, lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
 
 
 def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: tqdm) -> bool:

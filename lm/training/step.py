@@ -8,6 +8,7 @@ optimizer nor RNG.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,9 +181,11 @@ class LoopState:
         loss, steps, skips, norm = torch.stack([loss, *(c.double() for c in counts)]).tolist()
         tok_s = self.interval_tokens / max(now - self.interval_started, 1e-9)
         self.new_interval(now)
+        # An interval whose every step was skipped has no loss, and a skipped step's gradient
+        # norm is not a number: null in metrics.jsonl (JSON has no NaN), not 0.0 or NaN.
         return {
-            "train_loss": loss / max(1, steps), "tokens_per_s": tok_s, "grad_norm": norm,
-            "nonfinite_skips": int(skips),
+            "train_loss": loss / steps if steps else None, "tokens_per_s": tok_s,
+            "grad_norm": norm if math.isfinite(norm) else None, "nonfinite_skips": int(skips),
         }  # fmt: skip
 
     def new_interval(self, now: float) -> None:
