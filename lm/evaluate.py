@@ -209,7 +209,12 @@ def evaluate_lengths(
             windows=windows,
             window=longest,
         )
-        if longest < length:
+        if longest < length and is_task(cfg):  # examples, not windows of a text
+            row["note"] = (
+                f"the loss of the answers of {windows} {split} examples, each read whole (at "
+                f"most {longest} tokens); what a task measures by length is its accuracy"
+            )
+        elif longest < length:
             row["note"] = (
                 f"no window of the {split} split reaches {length} tokens: {windows} window(s), "
                 f"the longest {longest}"

@@ -124,8 +124,12 @@ def generate(
                         ids[:, end - 1 : end], key_mask=mask[:, end - 1 : end], cache=cache
                     )
             else:  # beyond the context (or no cache): recompute over the last C slots
-                window = slice(max(0, end - C), end)
-                logits = model(ids[:, window], key_mask=mask[:, window])
+                # FlexAttention compiles one kernel per length: it gets one length, the slots
+                # not yet filled masked (right padding, which no real query reads).
+                width = min(C, ids.shape[1]) if model.config.kernel == "flex" else min(C, end)
+                start = max(0, end - width)
+                window = slice(start, start + width)
+                logits = model(ids[:, window], key_mask=mask[:, window])[:, : end - start]
         nxt = _choose(logits[:, -1], temperature, top_k, generators)
         # A finished row keeps receiving masked pads, which no real query ever sees.
         ids[:, end] = torch.where(done, torch.full_like(nxt, pad_id), nxt)

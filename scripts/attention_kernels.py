@@ -37,7 +37,7 @@ def _model(position: str, kernel: str, device: torch.device) -> TransformerLM:
     torch.manual_seed(0)
     cfg = ModelConfig(
         vocab_size=128, context_length=64, n_layer=4, n_head=4, d_model=128,
-        position=position, attention=kernel,
+        position=position, kernel=kernel,
     )  # fmt: skip
     return TransformerLM(cfg).to(device)
 

@@ -48,7 +48,7 @@ def compare(width: int, args: argparse.Namespace) -> dict:
     """Median ms/step of fp32 and bf16 at one width, and the per-round ratios fp32/bf16."""
     model_cfg = ModelConfig(
         vocab_size=VOCAB, n_layer=args.layers, n_head=max(1, width // 32), d_model=width,
-        context_length=args.context, position=args.position, attention=args.attention,
+        context_length=args.context, position=args.position, kernel=args.attention,
         dropout=0.0,
     )  # fmt: skip
     train_cfg = TrainConfig(batch_size=args.batch, optimizer=args.optimizer, lr=1e-3)

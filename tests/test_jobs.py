@@ -105,7 +105,13 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     _, err = process.communicate(timeout=300)
     assert process.returncode == 130, err
-    assert err.strip().splitlines()[-1].startswith("lm: interrupted; every job saved"), err
+    last = err.strip().splitlines()[-1]
+    saved = [f"position={s}/seed7 saved step {latest_checkpoint(r).name[-8:].lstrip('0')}"
+             for s, r in zip(SCHEMES[:2], first, strict=True)]  # fmt: skip
+    assert last == (
+        f"lm: interrupted; stopped: {saved[0]}, {saved[1]}, position={SCHEMES[2]}/seed7 had "
+        "not started; the same command again resumes"
+    ), err
     assert "Traceback" not in err, err
     for run in first:
         assert latest_checkpoint(run) is not None

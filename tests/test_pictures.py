@@ -7,6 +7,7 @@ import dataclasses
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from _support import tiny_config
 from test_report import result
@@ -212,3 +213,39 @@ def test_up_to_twenty_groups_get_twenty_colours():
     from lm.compare.plots import _colours
 
     assert len(set(_colours(20))) == 20
+
+
+def test_scores_by_offset_count_only_pairs_training_could_see(tmp_path):
+    from unittest import mock
+
+    from _support import write_config
+
+    from lm.cli import main
+    from lm.compare.diagnostics import draw_score_by_offset
+    from lm.model.transformer import TransformerLM
+
+    # A padded task run: examples of at most 2 * 4 + 2 = 10 tokens in a context of 32.
+    task = {"source": "builtin:copy", "mode": "padded", "task_lengths": "1-4",
+            "task_eval_lengths": "1-4", "task_examples": 400}  # fmt: skip
+    cfg = write_config(tmp_path / "c.yaml", data=task, train={"max_steps": 2, "eval_every": 2})
+    assert main(["train", str(cfg), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    seen = {}
+    real_weights = TransformerLM.attention_weights
+
+    def spied(model, ids, key_mask=None, segment_ids=None):
+        seen.update(ids=ids, key_mask=key_mask)
+        return real_weights(model, ids, key_mask, segment_ids)
+
+    with (
+        mock.patch.object(TransformerLM, "attention_weights", spied),
+        mock.patch.object(plots, "score_by_offset") as draw,
+    ):
+        profile, _ = draw_score_by_offset(tmp_path / "run", tmp_path / "s.png", windows=8)
+    lengths = seen["key_mask"].sum(dim=1)  # each example's real tokens
+    assert profile.shape[-1] == int(lengths.max()) <= 10  # no offset reaches past an example
+    # Offset d averages the pairs (l, l - d) inside one example: sum over examples of n - d.
+    pairs = [int((lengths - d).clamp(min=0).sum()) for d in range(profile.shape[-1])]
+    title = draw.call_args.kwargs["title"]
+    assert f"{pairs[0]:,} query-key pairs at offset 0" in title, title
+    assert f"{pairs[-1]:,} at {len(pairs) - 1}" in title, title
+    assert np.isfinite(profile).all()

@@ -195,3 +195,31 @@ def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position,
     compiled = generate(model, prompts, 24, pad_id=0, compile_step=True)
     assert 1 <= counters["stats"]["unique_graphs"] <= 2  # compiled, and at most once more
     assert compiled == generate(model, prompts, 24, pad_id=0)
+
+
+def test_recompute_decoding_gives_flex_one_length_and_the_same_tokens(monkeypatch):
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    import lm.model.attention
+    from lm.config.sections import ModelConfig
+    from lm.model.transformer import TransformerLM
+    from lm.sample import generate
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=20, context_length=16, n_layer=2, n_head=2, d_model=16)
+    sdpa = TransformerLM(cfg).eval()
+    flex = TransformerLM(dataclasses.replace(cfg, kernel="flex")).eval()
+    flex.load_state_dict(sdpa.state_dict())
+    lengths = []
+
+    def fake_flex(q, k, v, score_mod=None, block_mask=None):  # records what would compile
+        lengths.append(q.shape[-2])
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    monkeypatch.setattr(lm.model.attention, "flex", fake_flex)
+    prompts = [[1, 2, 3], [4, 5, 6]]  # one length: flex reads no padding mask here
+    want = generate(sdpa, prompts, 10, pad_id=0, use_cache=False)
+    assert generate(flex, prompts, 10, pad_id=0, use_cache=False) == want
+    assert len(set(lengths)) == 1  # one compiled kernel for every step

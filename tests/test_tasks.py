@@ -177,6 +177,8 @@ def test_a_tiny_model_learns_to_copy_and_lm_eval_reports_accuracy_by_length(tmp_
     assert main(["eval", out]) == 0
     printed = capsys.readouterr().out
     assert "Exact-match accuracy of the answers, by length" in printed
+    # Its loss is over whole examples, not windows of a text that a length could reach.
+    assert "no window" not in printed and "each read whole" in printed, printed
     rows = json.loads((tmp_path / "run" / "eval.json").read_text())["accuracy"]
     assert [r["length"] for r in rows] == [1, 2, 3, 4, 5]
     assert [r["trained"] for r in rows] == [True, True, True, False, False]
@@ -204,6 +206,9 @@ def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
         cells = row.strip().strip("|").split(" | ")
         assert len(cells) == 5 and all(cell.strip().endswith("%") for cell in cells[1:]), row
     assert (out / "accuracy_vs_length.png").is_file()
+    # What task runs measure is drawn; a loss against contexts no example reaches is not.
+    assert not (out / "loss_vs_context.png").exists()
+    assert "Validation loss by evaluation length" not in markdown and "no window" not in markdown
     runs = json.loads((out / "report.json").read_text())["runs"]
     assert len(runs) == 4 and all(len(r["accuracy"]) == 5 for r in runs)
     assert [row["context_length"] for row in runs[0]["extrapolation"]] == [32]  # 1x only

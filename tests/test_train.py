@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import platform
 import subprocess
@@ -352,3 +353,29 @@ def test_flex_attention_trains_on_cpu_through_sdpa_masks_and_says_so_once(tmp_pa
     assert result.status == "done"
     err = capsys.readouterr().err
     assert err.count("model.kernel: flex has no backward pass on cpu") == 1, err
+
+
+def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, capsys):
+    from lm.runtime.device import resolve_dtype
+
+    cores = len(os.sched_getaffinity(0))
+    cfg = tiny_config(
+        model={"position": "t5"}, train={"max_steps": 2, "dtype": "auto", "threads": 999}
+    )
+    train(cfg, tmp_path / "run")
+    err = capsys.readouterr().err
+    assert f"train.threads=999 is more than the {cores} cores" in err
+    ran = json.loads((tmp_path / "run" / "run.json").read_text())["ran"]
+    dtype = resolve_dtype("auto", torch.device("cpu"), cfg.model)
+    assert ran == {
+        "device": "cpu",
+        "dtype": str(dtype).removeprefix("torch."),
+        "kernel": "math",  # a learned bias trains through the notes' formula on CPU
+        "threads": cores,
+        "compile": False,
+    }
+    assert "dtype: auto" in (tmp_path / "run" / "config.yaml").read_text()  # as given
+    resumed = tiny_config(model={"position": "t5"}, train={"max_steps": 4, "threads": 1})
+    train(resumed, tmp_path / "run", resume=True, quiet=True)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["resumes"][-1]["ran"]["threads"] == 1

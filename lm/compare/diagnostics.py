@@ -21,6 +21,7 @@ import torch
 from lm.compare import plots
 from lm.config.errors import LMError
 from lm.config.names import SCHEME_PLACES
+from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.data.tokenizer import TextTokenizer
 from lm.model.position.embeddings import sinusoidal_table
@@ -140,25 +141,37 @@ def draw_score_by_offset(
     windows: int = 16,
     device: str = "cpu",
 ) -> tuple[np.ndarray, Path]:
-    """Mean score at each offset ``0 .. C-1`` per layer and head, ``[layers, heads, C]``, over
-    ``windows`` consecutive windows of the run's validation tokens; drawn to ``out`` (default
-    ``RUN_DIR/score_by_offset.png``)."""
+    """Mean score at each query-key offset per layer and head, ``[layers, heads, offsets]``, over
+    the first ``windows`` validation sequences as evaluation reads them (packed windows, or
+    padded examples), drawn to ``out`` (default ``RUN_DIR/score_by_offset.png``). Only pairs
+    that training could see count: a real query and a real key of one document, the key not
+    after the query; the title says how many pairs an offset averages."""
     path = picture_path(out) if out is not None else None  # before the slow work
     run = load_run(run_dir, device=device)
     path = path or picture_path(Path(run_dir) / "score_by_offset.png")
     cfg = run.config
     C = cfg.model.context_length
-    val = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None).val
-    n = min(windows, val.n_tokens // C)
-    if n == 0:
-        raise LMError(f"{run_dir}: the validation split holds fewer than {C} tokens")
-    ids = torch.from_numpy(val.tokens[: n * C].astype(np.int64)).view(n, C).to(device)
-    profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, C))
-    for i, (s, _) in enumerate(run.model.attention_weights(ids)):
-        for offset in range(C):
+    data = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
+    pad = data.tokenizer.pad_id
+    batch = next(eval_batches(data.val, cfg.data, C, windows, pad, max_batches=1), None)
+    if batch is None or not batch["loss_mask"].any():
+        raise LMError(f"{run_dir}: the validation split holds no sequence to read")
+    ids, key_mask = batch["input_ids"].to(device), batch["key_mask"].to(device)
+    segments = batch["segment_ids"].to(device) if "segment_ids" in batch else None
+    seen = key_mask[:, :, None] & key_mask[:, None, :]  # (B, T, T): query and key both real
+    if segments is not None:
+        seen &= segments[:, :, None] == segments[:, None, :]
+    T = ids.shape[1]
+    pairs = np.array([int(torch.diagonal(seen, -d, -2, -1).sum()) for d in range(T)])
+    T = int(np.flatnonzero(pairs)[-1]) + 1  # offsets no sequence reaches are left out
+    profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, T))
+    for i, (s, _) in enumerate(run.model.attention_weights(ids, key_mask, segments)):
+        for offset in range(T):
             # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
-            diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, C - offset)
-            profile[i, :, offset] = diagonal.mean(dim=(0, 2)).cpu().numpy()
+            diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, T - offset)
+            ok = torch.diagonal(seen, offset=-offset, dim1=-2, dim2=-1)[:, None]  # (B, 1, ...)
+            total = torch.where(ok, diagonal, torch.zeros_like(diagonal)).sum(dim=(0, 2))
+            profile[i, :, offset] = (total / pairs[offset]).cpu().numpy()
     ylabel = "mean score q·k/√d_k"
     biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if SCHEME_PLACES[n] == "scores"]
     if biased:  # the softmax sees S plus the bias
@@ -168,7 +181,8 @@ def draw_score_by_offset(
         path,
         ylabel=ylabel,
         title=f"{_run_title(run_dir)}: {cfg.model.position_text} positions, mean score by offset "
-        f"({n} validation windows of {C} tokens)",
+        f"over {len(ids)} validation sequences ({pairs[0]:,} query-key pairs at offset 0, "
+        f"{pairs[T - 1]:,} at {T - 1})",
     )
     return profile, path
 

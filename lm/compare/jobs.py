@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lm.config.errors import LMError
+from lm.runs.checkpoint import latest_checkpoint
 from lm.runs.directory import METRICS
 from lm.runtime.host import StopSignals
 from lm.training.metrics import read_metrics
@@ -89,9 +90,24 @@ def run_jobs(
                 last_progress = time.monotonic()
     failed = [said for code, said in stopped if code != 130]
     if failed:
-        raise LMError(f"{failed[0]}; the other jobs stopped, each with a checkpoint")
+        raise LMError(f"{failed[0]}; {_what_was_saved(jobs, waiting)}")
     if stopped or signals.received or waiting:
-        raise KeyboardInterrupt("every job saved a checkpoint; the same command again resumes")
+        raise KeyboardInterrupt(f"{_what_was_saved(jobs, waiting)}; the same command again resumes")
+
+
+def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:
+    """Where each run of a stopped sweep stands: the step of its newest checkpoint, none yet, or
+    not started (the run folders named as the report names them)."""
+    parts = []
+    for job in jobs:
+        name = "/".join(job.run_dir.parts[-2:])
+        if job in waiting:
+            parts.append(f"{name} had not started")
+        elif (checkpoint := latest_checkpoint(job.run_dir)) is not None:
+            parts.append(f"{name} saved step {int(checkpoint.name.rsplit('_', 1)[-1])}")
+        else:
+            parts.append(f"{name} has no checkpoint yet")
+    return "stopped: " + ", ".join(parts)
 
 
 class _Process:

@@ -291,7 +291,10 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     trained = {label: runs[0].trained_context for label, runs in groups.items()}
     plots.loss_curves(panels["step"], "step", step)
     plots.loss_curves(panels["wall time (s)"], "wall time (s)", time)
-    plots.loss_vs_context(extrapolation, trained, context)
+    if _tasks_only(r for runs in groups.values() for r in runs):
+        context.unlink(missing_ok=True)  # a task's examples reach no context: accuracy instead
+    else:
+        plots.loss_vs_context(extrapolation, trained, context)
     tasks = {label: runs for label, runs in groups.items() if runs[0].accuracy is not None}
     if tasks:
         curves = {
@@ -303,6 +306,12 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
         }
         lengths = {label: _trained_lengths(runs[0]) for label, runs in tasks.items()}
         plots.accuracy_vs_length(curves, lengths, out_dir / ACCURACY_PICTURE)
+
+
+def _tasks_only(results) -> bool:
+    """Every run is on a generated task: what it measured is accuracy by length; its loss at
+    a context length means nothing past its examples' own length."""
+    return all(r.accuracy is not None for r in results)
 
 
 def _trained_lengths(result: RunResult) -> range:
@@ -424,6 +433,23 @@ def render(
         else ""
     )
     trained = [r for runs in g.trained.values() for r in runs]
+    pictures, length_section = (
+        PICTURES,
+        [
+            "## Validation loss by evaluation length",
+            "",
+            f"`val loss @N` is measured at context length N on {_budget(results)} the validation "
+            "split, in non-overlapping windows of N tokens (every token a target once), by "
+            "`lm.evaluate.evaluate_lengths` (the code behind `lm eval`). "
+            f"{_windows(results)}{also}",
+            "",
+            *lengths,
+            "",
+            *(line for note in notes for line in (note, "")),
+        ],
+    )
+    if _tasks_only(results):  # the main table has the validation loss, accuracy the lengths
+        pictures, length_section = PICTURES[:2], []
     accuracy = []
     if any(r.accuracy is not None for r in results):
         first = next(r for r in results if r.accuracy is not None)
@@ -450,16 +476,8 @@ def render(
         "",
         *_table(g.header, g.trained),
         "",
-        "## Validation loss by evaluation length",
-        "",
-        f"`val loss @N` is measured at context length N on {_budget(results)} the validation "
-        "split, in non-overlapping windows of N tokens (every token a target once), by "
-        f"`lm.evaluate.evaluate_lengths` (the code behind `lm eval`). {_windows(results)}{also}",
-        "",
-        *lengths,
-        "",
-        *(line for note in notes for line in (note, "")),
-        *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in PICTURES),
+        *length_section,
+        *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in pictures),
         "",
         *accuracy,
         f"## Greedy continuations of “{prompt}”",

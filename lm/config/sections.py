@@ -171,6 +171,12 @@ class ModelConfig:
         names = list(self.position)
         repeat = names[-1:] == ["..."]
         names = names[:-1] if repeat else names
+        if len(set(names)) == 1 and (repeat or len(names) == self.n_layer):
+            # One scheme in every layer ([rope, rope], [rope, ...]) is that scheme: the same
+            # model, exported, compared and resumed as it.
+            object.__setattr__(self, "position", names[0])
+            _choice("model", "position", self.position, POSITIONS)
+            return
         if not names:
             raise ConfigError(
                 f"model.position: {text} names no scheme; give one per layer, for example "
@@ -326,7 +332,7 @@ class DataConfig:
     task_eval_examples: int = 100
     """builtin tasks: examples per evaluation length."""
     num_proc: int | None = None
-    """Processes for tokenizing; default: the CPU count, capped at 8."""
+    """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
     """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
 

@@ -154,6 +154,12 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
             if keys["position"] != "learned":
                 kept["context_length"] = saved.model.context_length
+                kept["random_positions"] = saved.model.random_positions
+            elif saved.model.position_range == keys["context_length"]:
+                # A learned table's rows are the positions it trained on: M of them with random
+                # positions, at the run's own (shorter) context.
+                kept["context_length"] = saved.model.context_length
+                kept["random_positions"] = saved.model.random_positions
             model = ModelConfig(**{**keys, **kept})
             if model.position == "rope":
                 spelled = {key: getattr(saved.model, key) for key in ROPE_KEYS}

@@ -178,11 +178,16 @@ class TransformerLM(nn.Module):
         return KVCache(self.config, batch, capacity, weight.device, dtype or weight.dtype)
 
     @torch.no_grad()
-    def attention_weights(self, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    def attention_weights(
+        self,
+        input_ids: torch.Tensor,
+        key_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's softmax input ``S + M`` and attention matrix ``A = softmax_row(S + M)``,
         ``[B, H, T, T]`` each, through the notes' explicit formula: ``(scores, weights)``
-        per layer."""
-        plan = self.plan(input_ids, kernel="math")
+        per layer; the masks as ``forward`` takes them."""
+        plan = self.plan(input_ids, key_mask, segment_ids, kernel="math")
         x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))
         maps = []
         for block in self.blocks:

@@ -103,18 +103,26 @@ def _alive(owner: dict[str, Any]) -> bool:
 
 
 def write_run_record(
-    run_dir: Path, config: Config, tokenizer: TextTokenizer, resumed_step: int | None = None
+    run_dir: Path,
+    config: Config,
+    tokenizer: TextTokenizer,
+    ran: dict[str, Any] | None = None,
+    resumed_step: int | None = None,
 ) -> None:
-    """The run's config, its tokenizer, and where it came from.
+    """The run's config, its tokenizer, and where it came from; ``ran``: what it runs on, as
+    resolved (device, dtype, kernel, threads, compile), which ``config.yaml``'s ``auto`` and
+    null do not say.
 
     A fresh run writes all three. A resumed run (``resumed_step``: the step it continues from)
     keeps config.yaml as the run started and appends to run.json's ``resumes`` what this
-    command changed: its command line, the step, and each changed key as ``[before, now]``.
+    command changed: its command line, the step, each changed key as ``[before, now]``, and
+    what it ran on.
     """
     if resumed_step is None or not (run_dir / CONFIG).is_file():
         save_config(config, run_dir / CONFIG)
         tokenizer.save(run_dir / TOKENIZER)
-        (run_dir / PROVENANCE).write_text(json.dumps(provenance(), indent=2) + "\n")
+        record = {**provenance(), "ran": ran} if ran is not None else provenance()
+        (run_dir / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
         return
     started = load_config(run_dir / CONFIG)
     changed = {
@@ -130,6 +138,8 @@ def write_run_record(
     if not isinstance(record, dict):
         record = {}
     resume = {"step": resumed_step, "argv": sys.argv, "changed": changed}
+    if ran is not None:
+        resume["ran"] = ran
     record["resumes"] = [*record.get("resumes", []), resume]
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 

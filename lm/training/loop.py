@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from lm.data.batches import TrainBatches
 from lm.data.sources import PreparedData, prepare_data, print_to_stderr
 from lm.evaluate import evaluate
 from lm.model.kernels import flex_backward
+from lm.model.plan import build_plan
 from lm.model.transformer import TransformerLM
 from lm.runs.checkpoint import (
     CheckpointError,
@@ -41,7 +43,7 @@ from lm.runs.checkpoint import (
     set_rng_state,
 )
 from lm.runs.directory import CONFIG, METRICS, TOKENIZER, RunLock, refuse_overlap, write_run_record
-from lm.runtime.device import autocast_context, resolve_device, resolve_dtype
+from lm.runtime.device import autocast_context, compile_enabled, resolve_device, resolve_dtype
 from lm.runtime.distributed import (
     World,
     barrier,
@@ -104,12 +106,12 @@ def train(
     lock = RunLock(run_dir)
     threads = torch.get_num_threads()  # this run's own count, given back afterwards
     try:
-        torch.set_num_threads(config.train.threads or threads)
+        torch.set_num_threads(_threads(config.train.threads, threads, world, quiet))
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
         net = _build(run)
         # Every check passed (config, data, batches, model): only now is anything written.
-        _record(run, clear=run.checkpoint is None and (overwrite or resume))
+        _record(run, net, clear=run.checkpoint is None and (overwrite or resume))
         state = _restore(run, net)
         status, message = _loop(run, net, state)
         result = _finish(run, state, status, message)
@@ -151,6 +153,7 @@ class _Net:
     autocast: contextlib.AbstractContextManager
     stepper: Stepper
     batches: TrainBatches
+    dtype: torch.dtype  # autocast's (float32: none)
 
 
 def _join(config: Config) -> tuple[torch.device, World]:
@@ -262,10 +265,42 @@ def _build(run: _Run) -> _Net:
             f"lm: note: model.kernel: flex has no backward pass on {device.type} in this "
             "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
-    return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches)
+    return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype)
 
 
-def _record(run: _Run, clear: bool) -> None:
+def _threads(asked: int | None, default: int, world: World, quiet: bool) -> int:
+    """The CPU threads this run's math uses: ``train.threads``, at most the cores this process
+    may run on (more would only take turns on them), said in a note when cut."""
+    if asked is None:
+        return default
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores and asked > cores:
+        _log(world, quiet, f"lm: note: train.threads={asked} is more than the {cores} cores "
+             f"this process may use; it runs on {cores}")  # fmt: skip
+        return cores
+    return asked
+
+
+def _ran(run: _Run, net: _Net) -> dict[str, Any]:
+    """What this sitting runs on, as resolved from the config's choices and the machine: the
+    device, the autocast dtype, the attention kernel of a training step, the CPU threads and
+    whether the model is compiled (run.json's ``ran``, and each resume's)."""
+    model, data = run.config.model, run.config.data
+    ids = torch.zeros(1, model.context_length, dtype=torch.long, device=run.device)
+    key_mask = torch.ones_like(ids, dtype=torch.bool) if data.mode == "padded" else None
+    segments = torch.zeros_like(ids) if data.document_mask else None
+    with torch.enable_grad():
+        plan = build_plan(model, ids, key_mask, segments, training=True)
+    return {
+        "device": str(run.device),
+        "dtype": str(net.dtype).removeprefix("torch."),
+        "kernel": plan.kernel,
+        "threads": torch.get_num_threads(),
+        "compile": compile_enabled(run.config.train.compile, run.device),
+    }
+
+
+def _record(run: _Run, net: _Net, clear: bool) -> None:
     """Write the run's record (the main process): config.yaml, tokenizer.json and run.json for a
     fresh start, after clearing what an earlier run there left (``clear``: --overwrite, or
     --resume with no checkpoint); a resume's changes appended to run.json."""
@@ -274,7 +309,7 @@ def _record(run: _Run, clear: bool) -> None:
     if clear:
         clear_run(run.run_dir)
     resumed = run.saved["step"] if run.checkpoint is not None else None
-    write_run_record(run.run_dir, run.config, run.data.tokenizer, resumed)
+    write_run_record(run.run_dir, run.config, run.data.tokenizer, _ran(run, net), resumed)
     if run.init_from is not None:
         record_init_from(run.run_dir, run.init_from)
 
