@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out",
-        help="PNG file (default: sinusoids.png, or RUN_DIR/score_by_offset.png; a run's bias "
+        help="PNG file (default: runs/sinusoids.png, or RUN_DIR/score_by_offset.png; a run's bias "
         "against distance goes to RUN_DIR/bias_by_distance.png, or NAME_bias.png beside --out)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -498,7 +498,7 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     from lm.runtime.device import resolve_device
 
     if args.run_dir is None:
-        path = draw_sinusoids(args.d or 4, args.length or 16, args.out or "sinusoids.png")
+        path = draw_sinusoids(args.d or 4, args.length or 16, args.out or "runs/sinusoids.png")
     elif args.d is not None or args.length is not None:
         raise LMError("--d and --length draw the sinusoid table: give them without RUN_DIR")
     else:
@@ -537,7 +537,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_import(args: argparse.Namespace) -> int:
     from lm.hf.importer import import_model
 
-    print(import_model(args.hf_dir, args.out, overwrite=args.overwrite))
+    done = import_model(args.hf_dir, args.out, overwrite=args.overwrite)
+    print(f"lm: {done.summary()}", file=sys.stderr)
+    print(done.out)
     return 0
 
 

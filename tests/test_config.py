@@ -333,3 +333,16 @@ def test_random_positions_are_bounded_before_anything_is_allocated():
         load_config(None, ["model.random_positions=1000000000"])
     assert_one_line(e, "model.random_positions")
     assert load_config(None, ["model.random_positions=65536"]).model.random_positions == 65536
+
+
+def test_one_scheme_in_every_layer_is_that_scheme():
+    # The same model whichever way it is written: exported, compared and resumed as one.
+    for written in ("[rope, rope, rope, rope]", "[rope, ...]", "[alibi, alibi, ...]"):
+        model = load_config(None, [f"model.position={written}"]).model
+        assert model.position == written.strip("[]").split(",")[0]
+        assert isinstance(model.position, str)
+    assert load_config(None, ["model.position=[rope, none, ...]"]).model.position == [
+        "rope",
+        "none",
+        "...",
+    ]

@@ -152,8 +152,18 @@ def test_greedy_generate_gives_the_tokens_of_lm_sample(exported, capsys):
 
 def test_import_of_the_export_gives_back_the_same_bits(exported, tmp_path, capsys):
     back_dir = tmp_path / "imported"
+    capsys.readouterr()
     assert main(["import", str(exported.out), "--out", str(back_dir)]) == 0
+    out, err = capsys.readouterr()
     back = load_run(back_dir)
+    m = back.config.model
+    assert out == f"{back_dir}\n"  # the run, alone on standard output; what it is, on stderr
+    scheme = m.position + (" (rope_base 10000, rope_scaling none)" if m.position == "rope" else "")
+    assert err == (
+        f"lm: imported {TARGETS[m.position]} as a run: "
+        f"{back.model.num_parameters() / 1e6:.2f}M parameters, {m.n_layer} layers, {m.n_head} "
+        f"heads, width {m.d_model}, context {m.context_length}, {scheme} positions\n"
+    )
     ours, theirs = exported.run.model.state_dict(), back.model.state_dict()
     assert ours.keys() == theirs.keys()
     for name, tensor in ours.items():

@@ -37,8 +37,8 @@ from lm.runs.directory import (
 )
 
 
-def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
-    """Write the model in ``hf_dir`` as a run in ``out``; returns ``out``."""
+def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False) -> Imported:
+    """Write the model in ``hf_dir`` as a run in ``out``; returns what was imported."""
     hf_dir, out = Path(hf_dir), Path(out)
     where = str(hf_dir)
     if not (hf_dir / "config.json").is_file():
@@ -71,7 +71,34 @@ def import_model(hf_dir: str | Path, out: str | Path, *, overwrite: bool = False
         record = {**source, **provenance()}
         (tmp / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         save_checkpoint(tmp, 0, model, None, {"val_loss": None, **source}, keep=1)
-    return out
+    return Imported(out, config.model_type, cfg.model, model.num_parameters())
+
+
+@dataclasses.dataclass(frozen=True)
+class Imported:
+    """What ``lm import`` made: the run folder and the model it holds."""
+
+    out: Path
+    model_type: str
+    model: ModelConfig
+    parameters: int
+
+    def summary(self) -> str:
+        """One line: the architecture, the size, the position scheme and its settings."""
+        m = self.model
+        shape = (
+            f"{m.n_layer} layers, {m.n_head} heads, width {m.d_model}, context {m.context_length}"
+        )
+        scheme = m.position_text
+        if "rope" in m.layer_positions:
+            settings = [f"rope_base {m.rope_base:g}", f"rope_scaling {m.rope_scaling or 'none'}"]
+            if m.rope_fraction != 1.0:
+                settings.append(f"rope_fraction {m.rope_fraction:g}")
+            scheme += " (" + ", ".join(settings) + ")"
+        return (
+            f"imported {self.model_type} as a run: {self.parameters / 1e6:.2f}M parameters, "
+            f"{shape}, {scheme} positions"
+        )
 
 
 def _is_run(folder: Path) -> bool:
