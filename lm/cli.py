@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from lm import __version__
 from lm.config.errors import LMError
-from lm.runtime.distributed import launched_rank, met_alike
+from lm.runtime.launch import launched_rank, met_alike
 
 LINGER_S = 5.0
 """How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:

@@ -10,9 +10,11 @@
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
     python scripts/bench.py --shapes main --dtypes fp32 --positions learned,rope --steps 200
 
-``--positions`` replaces each shape's position scheme, one row per scheme. The schemes of a shape
-train side by side, a step of each in turn, and each one's tokens/s over the first scheme's is
-printed as the median of the step-by-step ratios: a machine whose speed drifts slows them alike.
+``--positions`` replaces each shape's position scheme, one row per scheme; a scheme may carry model
+keys joined by ``+`` (``none+normalize=stick_breaking``, ``rope+window=32``,
+``rope+normalize=ssmax``, ``rope+rope_p=0.5``). The schemes of a shape train side by side, a step of
+each in turn, and each one's tokens/s over the first scheme's is printed as the median of the
+step-by-step ratios: a machine whose speed drifts slows them alike.
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
@@ -43,6 +45,7 @@ import torch
 from lm.cli import positive_int
 from lm.config.names import POSITIONS
 from lm.config.sections import DataConfig, ModelConfig, TrainConfig
+from lm.config.values import parse_value
 from lm.data.batches import TrainBatches
 from lm.data.sources import TokenizedSplit, prepare_data
 from lm.model.transformer import TransformerLM
@@ -200,6 +203,12 @@ def random_split(vocab: int, n_tokens: int, seed: int = 0) -> TokenizedSplit:
     return TokenizedSplit(tokens=tokens, offsets=np.array([0, n_tokens], dtype=np.int64))
 
 
+def variant(text: str) -> dict:
+    """``rope+window=32`` -> ``{"position": "rope", "window": 32}``: a scheme and model keys."""
+    position, *keys = text.split("+")
+    return {"position": position, **{k: parse_value(v) for k, v in (x.split("=", 1) for x in keys)}}
+
+
 class Training:
     """One shape, dtype and position scheme, ready to time full optimizer steps (the trainer's
     own data path, forward, loss, backward, clipping, AdamW) on random tokens."""
@@ -222,11 +231,11 @@ class Training:
             device,
         )
         self.batch = batch or shape_batch
-        given = {"position": position} if position else {}
+        given = variant(position) if position else {}
         self.cfg = ModelConfig(**{"vocab_size": 65, **model_kw, **given})
         torch.manual_seed(0)
         self.model = TransformerLM(self.cfg).to(device)
-        self.label = self.cfg.position_text
+        self.label = position or self.cfg.position_text
         if fused_norm:  # PyTorch's one-kernel LayerNorm, whose CPU gradient depends on threads
             _use_fused_layer_norm(self.model)
             self.label += " (fused LayerNorm)"
@@ -473,7 +482,7 @@ def main() -> int:
     for name, known in (("--shapes", SHAPES), ("--dtypes", DTYPES), ("--positions", POSITIONS)):
         if getattr(args, name[2:]) is None:
             continue
-        unknown = set(getattr(args, name[2:]).split(",")) - set(known)
+        unknown = {v.split("+")[0] for v in getattr(args, name[2:]).split(",")} - set(known)
         if unknown:
             parser.error(f"{name}: {', '.join(sorted(unknown))} not among {', '.join(known)}")
     device = resolve_device(args.device)

@@ -1,7 +1,10 @@
 """Every test runs offline, with its own empty token-id cache.
 
 The offline switches are set at import, before any test imports ``datasets`` or
-``huggingface_hub``, which read them once.
+``huggingface_hub``, which read them once. The suite runs on one worker process per core
+(pytest-xdist, ``-n auto`` in pyproject.toml): each worker's math, and every ``lm`` process it
+starts, takes one thread, so that the workers share the cores instead of fighting over them.
+A test that needs more threads sets them itself (a run's numbers do not depend on them).
 """
 
 import os
@@ -10,6 +13,11 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"  # before torch reads it, here and in subprocesses
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

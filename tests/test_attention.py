@@ -172,7 +172,7 @@ def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
     x = torch.randn(2, 5, 8)
     key_mask = _masks(2, 5)
     plan = build_plan(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask, dtype=x.dtype)
-    w = softmax_rows(mha.masked_scores(x, plan))  # (B, H, T, T)
+    w = softmax_rows(mha.scores_and_weights(x, plan)[0])  # (B, H, T, T)
     y = self_attend(mha, cfg, x, key_mask=key_mask)
     assert (w[0, :, :, :3] == 0).all() and (w[1, :, :, -2:] == 0).all()
     assert torch.isfinite(y).all()
@@ -210,13 +210,31 @@ def _documents_and_padding(B: int, L: int) -> dict:
     return {"segments": segments, "key_mask": key_mask}
 
 
-@pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
-def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(position):
-    # FlexAttention gets masks and a score bias (ALiBi's, T5's) as functions of (batch, head,
-    # query, key), not as tensors; no grad: on CPU PyTorch's flex runs forward only.
+# (position, model keys, compiled): each case through PyTorch's eager FlexAttention, which calls
+# the same score and mask functions; ALiBi's also compiled, as a model runs it (seconds a case).
+FLEX_CASES = [
+    *[(p, {}, False) for p in ("none", "rope", "alibi", "t5", "kerple", "fire")],
+    ("xpos", {}, False),
+    ("fox", {}, False),
+    ("rope", {"window": 4}, False),
+    ("alibi", {"window": 3, "normalize": "ssmax"}, False),
+    ("alibi", {}, True),
+]
+
+
+@pytest.mark.parametrize(("position", "options", "compiled"), FLEX_CASES, ids=str)
+def test_flex_equals_the_explicit_formula_under_documents_padding_and_alibi(
+    position, options, compiled, monkeypatch
+):
+    # FlexAttention gets masks, windows and a score bias (ALiBi's, T5's, FoX's) as functions of
+    # (batch, head, query, key), not as tensors; no grad: on CPU PyTorch's flex runs forward only.
+    if not compiled:
+        import lm.model.kernels as kernels
+
+        monkeypatch.setattr(kernels, "_compiled_flex", lambda: kernels.flex_attention)
     torch.manual_seed(2)
-    flex, cfg = attention_layer(32, 2, position=position, kernel="flex")
-    explicit, explicit_cfg = attention_layer(32, 2, position=position, kernel="math")
+    flex, cfg = attention_layer(32, 2, position=position, kernel="flex", **options)
+    explicit, explicit_cfg = attention_layer(32, 2, position=position, kernel="math", **options)
     flex, explicit = flex.float().eval(), explicit.float().eval()
     explicit.load_state_dict(flex.state_dict())
     x = torch.randn(2, 9, 32, dtype=torch.float32)

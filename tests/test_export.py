@@ -280,6 +280,17 @@ EVERY_SETTING = {
         fire_threshold=64.0,
     ),
     "hybrid": case("[rope, none] sets a scheme per layer", position=["rope", "none"]),
+    "xpos": case("model.position: xpos cannot be exported", position="xpos", xpos_scale_base=64.0),
+    "fox": case("model.position: fox cannot be exported", position="fox"),
+    "cope": case("model.position: cope cannot be exported", position="cope", cope_max=8),
+    "p-rope": case("model.rope_p: 0.5 cannot be exported", position="rope", rope_p=0.5),
+    "ssmax": case("model.normalize: ssmax cannot be exported", position="rope", normalize="ssmax"),
+    "stick-breaking": case(
+        "model.normalize: stick_breaking cannot be exported",
+        position="none",
+        normalize="stick_breaking",
+    ),
+    "window": case("model.window: 8 cannot be exported", position="rope", window=8),
 }
 
 

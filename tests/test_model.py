@@ -15,7 +15,15 @@ from lm.model.transformer import TransformerLM
 # Per-layer hybrids of the two layers of tiny(): NoPE above RoPE, and two schemes that each
 # share one bias across their layers in the same model.
 LAYERED = [["rope", "none"], ["t5", "alibi"]]
-EVERY = [*POSITIONS, *LAYERED]
+# The normalizations, p-RoPE and sliding windows beside the schemes: each composes with them.
+OPTIONS = [
+    ("rope", {"normalize": "ssmax"}),
+    ("none", {"normalize": "stick_breaking"}),
+    ("alibi", {"window": 4}),
+    ("fox", {"window": [4, None]}),
+    (["xpos", "cope"], {"rope_p": 0.5, "window": [None, 3]}),
+]
+EVERY = [(position, {}) for position in [*POSITIONS, *LAYERED]] + OPTIONS
 
 
 def tiny(position="rope", **kw) -> TransformerLM:
@@ -25,9 +33,9 @@ def tiny(position="rope", **kw) -> TransformerLM:
     return TransformerLM(ModelConfig(**cfg)).eval()
 
 
-@pytest.mark.parametrize("position", EVERY, ids=str)
-def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
-    model = tiny(position)
+@pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
+def test_changing_future_tokens_leaves_earlier_logits_unchanged(position, options):
+    model = tiny(position, **options)
     x = torch.randint(0, 37, (2, 12))
     y = x.clone()
     y[:, 7:] = torch.randint(0, 37, (2, 5))
@@ -37,21 +45,20 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(position):
     assert not torch.allclose(a[:, 7:], b[:, 7:])
 
 
-@pytest.mark.parametrize("position", EVERY, ids=str)
+@pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
 @pytest.mark.parametrize("kernel", ["sdpa", "math"])
-def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, kernel):
-    model = tiny(position, kernel=kernel)
+def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, options, kernel):
+    model = tiny(position, kernel=kernel, **options)
     seqs = [torch.randint(1, 37, (n,)) for n in (9, 4, 6)]
     assert_padding_is_invisible(model, seqs, T=11, pad=0)
 
 
-@pytest.mark.parametrize("position", EVERY, ids=str)
-def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position):
-    from lm.data.batches import PaddedCollator
-    from lm.evaluate import model_inputs
+@pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
+def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position, options):
+    from lm.data.batches import PaddedCollator, model_inputs
     from lm.model.transformer import loss_sum
 
-    model = tiny(position)
+    model = tiny(position, **options)
     seqs = [torch.randint(1, 37, (n,)).tolist() for n in (12, 5, 8)]
     right = PaddedCollator(pad_id=0, padding_side="right")(seqs)
     b = model_inputs(right, torch.device("cpu"))
@@ -74,9 +81,9 @@ def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(positio
     assert "key_mask" in model_inputs(right, torch.device("cpu"))["inputs"]
 
 
-@pytest.mark.parametrize("position", EVERY, ids=str)
-def test_document_segments_equal_separate_documents(position):
-    model = tiny(position)
+@pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
+def test_document_segments_equal_separate_documents(position, options):
+    model = tiny(position, **options)
     a, b = torch.randint(1, 37, (5,)), torch.randint(1, 37, (6,))
     ids = torch.cat([a, b])[None]
     segments = torch.tensor([[0] * 5 + [1] * 6])

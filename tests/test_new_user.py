@@ -85,19 +85,22 @@ def _lm(args: list[bytes], stdin: bytes = b"") -> subprocess.CompletedProcess:
     )
 
 
-def test_text_that_is_not_utf8_is_one_line(run):
+def test_text_that_is_not_utf8_is_one_line(run, capsys, monkeypatch):
     r = os.fsencode(str(run))
+    # Through a real command line once: argv's bytes as Python decodes them.
+    out = _lm([b"sample", r, b"--prompt", b"ab\xffc"])
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count(b"\n") == 1 and b"Traceback" not in out.stderr, out.stderr
+    assert b"--prompt" in out.stderr and b"UTF-8" in out.stderr, out.stderr
+    # The others in this process: those bytes as the surrogates argv and stdin decode them to.
     cases = [
-        ([b"sample", r, b"--prompt", b"ab\xffc"], b"", b"--prompt"),
-        ([b"sample", r, b"--prompt", b"-"], b"ab\xff\xfec", b"standard input"),
-        ([b"attention", r, b"--text", b"\xc3("], b"", b"--text"),
-        ([b"compare", r, b"--prompt", b"\xff", b"--eval-batches", b"1"], b"", b"--prompt"),
+        ([b"sample", r, b"--prompt", b"-"], b"ab\xff\xfec", "standard input"),
+        ([b"attention", r, b"--text", b"\xc3("], b"", "--text"),
+        ([b"compare", r, b"--prompt", b"\xff", b"--eval-batches", b"1"], b"", "--prompt"),
     ]
     for argv, stdin, flag in cases:
-        out = _lm(argv, stdin)
-        assert out.returncode == 2, out.stderr
-        assert out.stderr.count(b"\n") == 1 and b"Traceback" not in out.stderr, out.stderr
-        assert flag in out.stderr and b"UTF-8" in out.stderr, out.stderr
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+        expect_error(capsys, [os.fsdecode(a) for a in argv], flag, "UTF-8")
 
 
 def test_prompt_from_standard_input_drops_one_final_newline(monkeypatch):

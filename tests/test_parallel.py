@@ -31,6 +31,17 @@ STEPS = {"eval_every": 6, "eval_steps": 3, "log_every": 1, "batch_size": 8, "gra
          "grad_clip": 0.5}  # fmt: skip
 
 
+# The schemes of 2023-25 with SSMax, p-RoPE and a sliding window, one per layer: what FSDP shards
+# and DDP reduces includes FoX's gates, CoPE's table and SSMax's scales.
+NEWER = {
+    "n_layer": 4,
+    "position": ["fox", "cope", "xpos", "alibi"],
+    "rope_p": 0.5,
+    "normalize": "ssmax",
+    "window": [8, None, "..."],
+}
+
+
 def torchrun(config: Path, out: Path, *flags: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "lm", "train", str(config), "--out", str(out), "--quiet", *flags]
@@ -54,9 +65,9 @@ def runs(tmp_path_factory) -> Path:
     """One process, and 2-process FSDP, 6 steps each, checkpoints at 3 and 6."""
     root = tmp_path_factory.mktemp("parallel")
     data = {"cache_dir": str(root / "cache")}  # its own (the per-test LM_CACHE is not set yet)
-    cfg = {"train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
+    cfg = {"model": NEWER, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
     train(tiny_config(data=data, **cfg), root / "one", quiet=True)
-    fsdp = {"train": {**cfg["train"], "parallel": "fsdp"}}
+    fsdp = {"model": NEWER, "train": {**cfg["train"], "parallel": "fsdp"}}
     torchrun(write_config(root / "fsdp.yaml", data=data, **fsdp), root / "fsdp")
     return root
 
@@ -110,10 +121,13 @@ def test_fsdp_checkpoint_is_a_one_process_checkpoint(runs):
 
 def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path, capsys):
     # Stopped after 3 steps (all in warmup, so the schedule is the 6-step run's), then resumed.
-    first = {"train": {**STEPS, "max_steps": 3, "checkpoint_every": 3, "parallel": "fsdp"}}
+    first = {
+        "model": NEWER,
+        "train": {**STEPS, "max_steps": 3, "checkpoint_every": 3, "parallel": "fsdp"},
+    }
     torchrun(write_config(tmp_path / "three.yaml", **first), tmp_path / "resumed")
     shutil.copytree(tmp_path / "resumed", tmp_path / "resumed_by_one")
-    rest = {"train": {**first["train"], "max_steps": 6}}
+    rest = {"model": NEWER, "train": {**first["train"], "max_steps": 6}}
     torchrun(write_config(tmp_path / "six.yaml", **rest), tmp_path / "resumed", "--resume")
     assert losses(tmp_path / "resumed") == losses(runs / "fsdp")
     w_straight, o_straight, _ = checkpoint_files(runs / "fsdp")

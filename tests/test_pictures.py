@@ -172,27 +172,27 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
         config = dict(vocab_size=10, context_length=8, n_layer=2, n_head=2, d_model=8)
         return TransformerLM(ModelConfig(**config, position=position))
 
-    drawn = bias_by_distance(model("alibi"), 6)
+    drawn = bias_by_distance(model("alibi"), torch.zeros(1, 6, dtype=torch.long))
     assert list(drawn) == [0, 1]
     d = np.arange(6)
     for layer in drawn.values():  # -m_h d with m = 2^-4, 2^-8 for two heads
         np.testing.assert_allclose(layer, np.stack([-(2.0**-4) * d, -(2.0**-8) * d]), rtol=1e-6)
-    assert bias_by_distance(model("rope"), 6) == {}
+    assert bias_by_distance(model("rope"), torch.zeros(1, 6, dtype=torch.long)) == {}
     assert torch.is_grad_enabled()
     t5 = model("t5")  # T5: each head's learned scalar of the distance's bucket, in every layer
-    drawn = bias_by_distance(t5, 20)
+    drawn = bias_by_distance(t5, torch.zeros(1, 20, dtype=torch.long))
     table = t5.blocks[0].attn.position.table.detach().numpy()
     buckets = [*range(16), 16, 16, 16, 17]  # distances 16..19: 16 + floor(log(d/16)/log 8 * 16)
     for layer in (0, 1):
         np.testing.assert_allclose(drawn[layer], table[:, buckets], rtol=1e-6)
     kerple = model("kerple")  # each layer its own -r1 log(1 + r2 d)
-    drawn = bias_by_distance(kerple, 6)
+    drawn = bias_by_distance(kerple, torch.zeros(1, 6, dtype=torch.long))
     for i, layer in drawn.items():
         part = kerple.blocks[i].attn.position
         r1, r2 = (r.detach().clamp(min=0.01).numpy()[:, None] for r in (part.r1, part.r2))
         np.testing.assert_allclose(layer, -r1 * np.log1p(r2 * d), rtol=1e-5)
     fire = model("fire")  # its own function of the distance, for a query at position 5
-    for i, layer in bias_by_distance(fire, 6).items():
+    for i, layer in bias_by_distance(fire, torch.zeros(1, 6, dtype=torch.long)).items():
         part = fire.blocks[i].attn.position
         expected = part.bias_at(torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6))
         np.testing.assert_allclose(layer, expected.detach().numpy(), rtol=1e-5)

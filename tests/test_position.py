@@ -395,3 +395,124 @@ def test_the_cache_equals_the_angles_computed_at_any_length():
     beyond = torch.arange(40)
     assert same(angles(beyond, 40), rope.cos_sin(beyond))
     assert "cos" not in part.state_dict()  # recomputed, never saved in checkpoints
+
+
+# The schemes of 2023-25, each against its paper's formula written out by hand.
+
+
+def _plan(cfg: ModelConfig, T: int, **kw):
+    from lm.model.plan import build_plan
+
+    return build_plan(cfg, torch.zeros(1, T, dtype=torch.long), kernel="math", **kw)
+
+
+def test_xpos_decays_each_pair_by_zeta_to_the_offset_over_b():
+    from lm.model.position.rope import XPos, xpos_decay
+
+    cfg = ModelConfig(d_model=8, n_head=2, position="xpos", xpos_scale_base=4.0)
+    zeta = xpos_decay(4)  # d_k = 4: (2i/d_k + 0.4) / 1.4 for pairs i = 0, 1
+    assert zeta.tolist() == pytest.approx([0.4 / 1.4, 0.9 / 1.4])
+    part = XPos(cfg)
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
+    plan = part.prepare(_plan(cfg, 6))
+    qx, kx = part.rotate(q, k, plan)
+    qr, kr = apply_rope(q, torch.arange(6)), apply_rope(k, torch.arange(6))
+    for l, j in ((5, 2), (3, 0), (4, 4)):
+        for i in (0, 1):  # pair i alone: RoPE's score times zeta_i^((l - j)/B)
+            pair = slice(2 * i, 2 * i + 2)
+            rope = (qr[0, 0, l, pair] @ kr[0, 0, j, pair]).item()
+            xpos = (qx[0, 0, l, pair] @ kx[0, 0, j, pair]).item()
+            assert xpos == pytest.approx(rope * zeta[i].item() ** ((l - j) / 4), rel=1e-5)
+
+
+def test_p_rope_rotates_the_fastest_pairs_at_the_notes_frequencies_and_leaves_the_rest():
+    p_rope = RopeAngles(8, kept=2).frequencies()
+    assert p_rope.tolist() == pytest.approx([1.0, 10000**-0.25, 0.0, 0.0])  # theta_i of d_k 8
+    partial = RopeAngles(8, pairs=2).frequencies()  # rope_fraction re-spaces over 2 pairs
+    assert partial.tolist() == pytest.approx([1.0, 10000**-0.5, 0.0, 0.0])
+    cfg = ModelConfig(d_model=16, n_head=2, rope_p=0.5)
+    assert RopeAngles.of(cfg) == RopeAngles(8, context=256, kept=2)
+    x = torch.randn(5, 8)
+    out = apply(RopeAngles(8, kept=2), x, torch.arange(5) * 3)
+    assert torch.equal(out[:, 4:], x[:, 4:])  # the slowest pairs: not rotated
+
+
+def test_fox_adds_the_log_forget_gates_between_key_and_query():
+    from lm.model.position.content import FoX
+
+    cfg = ModelConfig(d_model=4, n_head=2, position="fox")
+    part = FoX(cfg, 0)
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 4)
+    b = part.additive_mask(_plan(cfg, 4), x, None, None)  # (1, H, 4, 4)
+    f = torch.sigmoid(part.gate(x))[0]  # (T, H): f_t per head
+    for h in range(2):
+        for i in range(4):
+            for j in range(i + 1):  # sum over t = j+1 .. i of log f_t
+                want = sum(math.log(f[t, h].item()) for t in range(j + 1, i + 1))
+                assert b[0, h, i, j].item() == pytest.approx(want, abs=1e-6)
+    assert torch.isinf(b[0, :, 0, 1]).all()  # the future stays masked
+
+
+def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
+    from lm.model.position.content import CoPE
+
+    cfg = ModelConfig(d_model=4, n_head=1, position="cope", cope_max=3)
+    part = CoPE(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        part.table.copy_(torch.randn(4, 3))
+    q, k = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
+    b = part.additive_mask(_plan(cfg, 3), None, q, k)[0, 0]
+    gates = torch.sigmoid(q[0, 0] @ k[0, 0].T / 2)  # g_ij, d_k = 4
+    for i in range(3):
+        for j in range(i + 1):
+            p = min(sum(gates[i, t].item() for t in range(j, i + 1)), 2.0)  # clamped below 3
+            lo, hi = math.floor(p), math.ceil(p)
+            e = part.table[:, lo] * (1 - (p - lo)) + part.table[:, hi] * (p - lo)
+            assert b[i, j].item() == pytest.approx((q[0, 0, i] @ e).item() / 2, rel=1e-5)
+
+
+def test_ssmax_scales_each_querys_scores_by_s_log_of_the_keys_it_reads():
+    _, cfg = attention_layer(8, 2, position="none", normalize="ssmax", kernel="math")
+    from lm.model.normalize import SSMax
+    from lm.model.plan import build_plan
+
+    part = SSMax(cfg)
+    plan = build_plan(cfg, torch.zeros(1, 5, dtype=torch.long), kernel="math")
+    q = torch.randn(1, 2, 5, 4)
+    scaled = part.scale(q, plan)
+    for l in range(5):  # query l reads keys 0 .. l: n = l + 1; s starts at 0.43
+        torch.testing.assert_close(scaled[0, :, l], q[0, :, l] * 0.43 * math.log(l + 1))
+    windowed = build_plan(dataclasses.replace(cfg, window=2), torch.zeros(1, 5, dtype=torch.long))
+    assert windowed.keys_read.flatten().tolist() == [1, 2, 2, 2, 2]  # at most the window
+
+
+def test_stick_breaking_gives_each_key_its_share_of_what_the_later_keys_left():
+    from lm.model.kernels import stick_breaking
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 3, 2)
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    y, a = stick_breaking(q, k, v, causal)
+    z = (q @ k.transpose(-2, -1) / 2)[0]
+    s = torch.sigmoid(z)
+    for i in range(3):
+        for j in range(i + 1):  # sigma(z_ij) prod_{j < m <= i} (1 - sigma(z_im))
+            want = s[i, j].item() * math.prod(1 - s[i, m].item() for m in range(j + 1, i + 1))
+            assert a[0, i, j].item() == pytest.approx(want, rel=1e-5)
+    assert (a[0].sum(-1) <= 1 + 1e-6).all() and a[0, 0, 1] == 0
+    torch.testing.assert_close(y, a @ v)
+
+
+def test_a_sliding_window_reads_the_last_w_real_tokens():
+    from lm.model.plan import build_plan
+
+    cfg = ModelConfig(d_model=8, n_head=2, n_layer=2, window=[2, None])
+    key_mask = torch.tensor([[False, True, True, True, True]])  # left padding: one pad
+    plan = build_plan(cfg, torch.zeros(1, 5, dtype=torch.long), key_mask, kernel="math")
+    near = plan.at_window(2).mask[0, 0]
+    assert near[4].tolist() == [False, False, False, True, True]  # itself and one before
+    assert near[1].tolist() == [False, True, False, False, False]  # the first real token
+    assert plan.at_window(None).mask[0, 0, 4].tolist() == [False, True, True, True, True]

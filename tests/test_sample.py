@@ -51,9 +51,19 @@ def test_greedy_is_deterministic_and_cache_equals_recompute(run):
     assert len(tok.decode(a[0])) > 0
 
 
-@pytest.mark.parametrize("position", [*POSITIONS, ["rope", "none"], ["fire", "t5"]], ids=str)
-def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
-    model = random_model(position)
+# Beside every scheme: the normalizations, p-RoPE and a window, each with the KV cache.
+OPTIONS = [
+    ("rope", {"normalize": "ssmax"}),
+    ("none", {"normalize": "stick_breaking"}),
+    ("fox", {"window": [4, None]}),
+    (["xpos", "cope"], {"rope_p": 0.5, "window": 3}),
+]
+CASES = [(p, {}) for p in [*POSITIONS, ["rope", "none"], ["fire", "t5"]]] + OPTIONS
+
+
+@pytest.mark.parametrize(("position", "options"), CASES, ids=str)
+def test_batched_prompts_equal_each_prompt_alone_past_the_context(position, options):
+    model = random_model(position, **options)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]  # last > context
     alone = [generate(model, [p], 20, pad_id=0)[0] for p in prompts]
     for use_cache in (True, False):
@@ -65,8 +75,8 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position):
 
 def test_kv_cache_logits_equal_full_forward():
 
-    for position in [*POSITIONS, ["rope", "none"], ["alibi", "kerple"]]:
-        model = random_model(position)
+    for position, options in [*CASES, (["alibi", "kerple"], {})]:
+        model = random_model(position, **options)
         ids = torch.randint(1, 30, (2, 10))
         full = model(ids)
         cache = model.new_cache(2, 12)
@@ -171,7 +181,7 @@ def test_every_rope_extension_decodes_as_a_full_forward_and_each_prompt_alone(ex
         assert generate(model, prompts, 16, pad_id=0, use_cache=use_cache) == alone
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "kerple", "fire"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "t5", "kerple", "fire", "fox", "xpos"])
 def test_the_one_token_step_compiles_as_one_graph_and_decodes_the_same(position, monkeypatch):
     # Dynamo traces the step whole (fullgraph: a graph break is an error) and compiles it at most
     # twice over 24 tokens (the first, then one for the growing cache); Inductor is swapped for

@@ -54,8 +54,22 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
 
 @pytest.mark.parametrize(
     ("optimizer", "model"),
-    [("adamw", {}), ("muon", {}), ("adamw", {"random_positions": 96})],
-    ids=["adamw", "muon", "random-positions"],
+    [
+        ("adamw", {}),
+        ("muon", {}),
+        ("adamw", {"random_positions": 96}),
+        ("adamw", {"position": ["fox", "cope"], "normalize": "ssmax", "window": [8, None]}),
+        ("muon", {"position": ["xpos", "alibi"], "rope_p": 0.5}),
+        ("adamw", {"position": "none", "normalize": "stick_breaking"}),
+    ],
+    ids=[
+        "adamw",
+        "muon",
+        "random-positions",
+        "fox-cope-ssmax-window",
+        "xpos-alibi-p-rope",
+        "stick-breaking",
+    ],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
     # Random positions are drawn from torch's generator, whose state the checkpoint keeps.
@@ -179,8 +193,18 @@ def test_padded_batch_step_equals_sequences_one_at_a_time():
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_two_process_ddp_matches_one_process(tmp_path):
-    cfg = {"train": {"max_steps": 6, "eval_every": 6, "log_every": 1, "batch_size": 8}}
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"n_layer": 4, "position": ["fox", "cope", "xpos", "alibi"], "rope_p": 0.5,
+         "normalize": "ssmax", "window": [8, None, "..."]},
+        {"position": "none", "normalize": "stick_breaking"},
+    ],
+    ids=["newer-schemes", "stick-breaking"],
+)  # fmt: skip
+def test_two_process_ddp_matches_one_process(tmp_path, model):
+    cfg = {"model": model, "train": {"max_steps": 6, "eval_every": 6, "log_every": 1,
+                                     "batch_size": 8}}  # fmt: skip
     path = write_config(tmp_path / "c.yaml", **cfg)
     train(tiny_config(**cfg), tmp_path / "one", quiet=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

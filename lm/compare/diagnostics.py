@@ -188,39 +188,51 @@ def draw_score_by_offset(
 
 
 @torch.no_grad()
-def bias_by_distance(model: TransformerLM, length: int) -> dict[int, np.ndarray]:
-    """What each layer's position part adds to the scores of a query at position ``length - 1``
-    against the keys at distance ``0 .. length - 1`` behind it: ``{layer: [heads, length]}``, for
-    the layers whose scheme biases the scores (ALiBi's ``-m_h d``); read through the same plan
-    and ``bias`` hook the forward pass uses."""
-    ids = torch.zeros(1, length, dtype=torch.long, device=model.embed.weight.device)
+def bias_by_distance(model: TransformerLM, ids: torch.Tensor) -> dict[int, np.ndarray]:
+    """What each layer's position part adds to the scores of the last query of ``ids [1, T]``
+    against the keys at distance ``0 .. T - 1`` behind it: ``{layer: [heads, T]}``, for the
+    layers whose scheme biases the scores (ALiBi's ``-m_h d``; FoX's and CoPE's, which read the
+    text, for this one); read through the same plan and hook the forward pass uses."""
     plan = model.plan(ids, kernel="math")
+    x = model.drop(model.pos_embed.embed(model.embed(ids), plan))
     drawn = {}
     for i, block in enumerate(model.blocks):
-        bias = block.attn.position.additive_mask(plan)  # (1, H, T, T); last row: last query
+        attn, layer_plan = block.attn, plan.at_window(block.attn.window)
+        h = block.norm1(x)
+        q, k, _ = attn.project(h)
+        q, k = attn.position.rotate(q, k, layer_plan)
+        bias = attn.position.additive_mask(layer_plan, h, q, k)  # (1, H, T, T)
         if bias is not None:
             drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
+        x = block(x, plan)
     return drawn
 
 
 def draw_bias_by_distance(
     run_dir: str | Path, out: str | Path | None = None, device: str = "cpu"
 ) -> Path | None:
-    """:func:`bias_by_distance` of a run over its trained context, drawn to ``out`` (default
-    ``RUN_DIR/bias_by_distance.png``); None, and nothing drawn, when no layer biases scores."""
+    """:func:`bias_by_distance` of a run over its trained context, for the first validation
+    window, drawn to ``out`` (default ``RUN_DIR/bias_by_distance.png``); None, and nothing
+    drawn, when no layer biases scores."""
     path = picture_path(out) if out is not None else None
     run = load_run(run_dir, device=device)
-    C = run.config.model.context_length
-    drawn = bias_by_distance(run.model, C)
-    if not drawn:
+    cfg = run.config
+    if not any(SCHEME_PLACES[n] == "scores" for n in cfg.model.layer_positions):
         return None
+    C = cfg.model.context_length
+    data = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
+    batch = next(eval_batches(data.val, cfg.data, C, 1, data.tokenizer.pad_id, max_batches=1))
+    real = int(batch["key_mask"][0].sum())  # a window's real tokens
+    drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
     path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
+    reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in ("fox", "cope")]
+    of = f", on the first validation window ({' and '.join(reads)} read its text)" if reads else ""
     return plots.score_by_offset(
         np.stack(list(drawn.values())),
         path,
         ylabel="position bias added to the score",
-        title=f"{_run_title(run_dir)}: {run.config.model.position_text} bias against distance, "
-        f"query at position {C - 1}",
+        title=f"{_run_title(run_dir)}: {cfg.model.position_text} bias against distance, "
+        f"query at position {real - 1}{of}",
         layers=list(drawn),
     )
 

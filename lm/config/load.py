@@ -27,6 +27,7 @@ _TYPE_WORDS = {
     bool: "true or false",
     str: "a string",
     list[str]: "a list of names",
+    list: "a list",
 }
 
 
@@ -52,6 +53,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if t is str and isinstance(value, str):
             return value
         if t == list[str] and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        if t is list and isinstance(value, list):  # items checked by the section itself
             return list(value)
     # Configs written before the optional switches (compile, tensorboard) became true | false |
     # null stored them as the words "true", "false" and "auto"; those runs still load.

@@ -16,6 +16,9 @@ SCHEME_PLACES = {
     "t5": "scores",
     "kerple": "scores",
     "fire": "scores",
+    "xpos": "queries and keys",
+    "fox": "scores",
+    "cope": "scores",
     "none": "nothing",
 }
 """Every ``model.position`` and where it acts (notes, "Causal masks restrict access; position
@@ -24,9 +27,19 @@ on the queries and keys (rotated), on the scores (a bias added to ``S``), or now
 
 POSITIONS = tuple(SCHEME_PLACES)
 
-LEARNED_BIASES = ("t5", "kerple", "fire")
+LEARNED_BIASES = ("t5", "kerple", "fire", "fox", "cope")
 """The schemes whose score bias has learned parameters, so that training takes its gradient
 through the attention kernel (``lm.model.plan`` picks the kernel for it)."""
+
+ROTARY = ("rope", "xpos")
+"""The schemes that rotate queries and keys by RoPE's angles, and read RoPE's keys."""
+
+NO_FLEX = ("cope",)
+"""The schemes whose bias FlexAttention's score function cannot compute: CoPE's positions sum
+gates over keys, where a score function sees one query-key pair at a time."""
+
+NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
+"""``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
 KERNELS = ("sdpa", "flex", "math")
 """``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``)."""

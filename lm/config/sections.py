@@ -18,9 +18,12 @@ from lm.config.names import (
     DEVICES,
     DTYPES,
     KERNELS,
+    NO_FLEX,
+    NORMALIZATIONS,
     ON_NONFINITE,
     OPTIMIZERS,
     POSITIONS,
+    ROTARY,
     SCHEDULES,
     SCHEME_PLACES,
     SPLIT_BY,
@@ -82,6 +85,12 @@ class ModelConfig:
     """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
     rope_original_context: int | None = None
     """The context RoPE was first trained at (YaRN's L); default context_length."""
+    rope_p: float = 1.0
+    """p-RoPE (Barbero et al. 2025): the fraction of each head's pairs that rotate, the fastest
+    ones, at the notes' frequencies; the slowest are left unrotated (rope_fraction instead
+    re-spaces the frequencies over the pairs it rotates, as GPT-NeoX does)."""
+    xpos_scale_base: float = 512.0
+    """xpos only: the B of xPos's decay zeta_i^((l - j)/B) per pair (Sun et al.: 512)."""
     t5_buckets: int = 32
     """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
     t5_max_distance: int = 128
@@ -91,12 +100,24 @@ class ModelConfig:
     fire_threshold: float = 512.0
     """fire only: the threshold L (its start; learned) below which queries are normalised by
     psi(L) instead of psi(their position) (the paper's code: 512)."""
+    cope_max: int | None = None
+    """cope only: CoPE's position embeddings e[0] .. e[cope_max - 1] (counted positions are
+    clamped below it); default context_length + 1, as the paper's code."""
     random_positions: int | None = None
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
     read 0..L-1. null: off."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
+    normalize: str = "softmax"
+    """How scores become attention weights: softmax (the notes) | ssmax (Scalable-Softmax, s_h
+    log n times the scores, n the keys a query reads, s_h learned; Nakanishi 2025) |
+    stick_breaking (A_lj = sigma(s_lj) times the product of 1 - sigma(s_lk) over the keys k
+    between j and l; Tan et al. 2025; with position: none, as the paper)."""
+    window: int | list | None = None
+    """Sliding-window attention: a query reads at most the last W keys, itself included. One W for
+    every layer; or one per layer, [64, 64, 64, null] (null: every key); or a list ending in ...
+    repeated over the layers, [512, 512, null, ...] (Gemma's local and global layers)."""
     kernel: str = "sdpa"
     """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; masks and biases through
     FlexAttention in a model compiled for a GPU) | flex (FlexAttention always) | math (the notes'
@@ -125,9 +146,10 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        if "rope" in self.layer_positions and self.head_dim % 2:
+        rotary = sorted(set(ROTARY) & set(self.layer_positions))
+        if rotary and self.head_dim % 2:
             raise ConfigError(
-                f"model.position: rope rotates feature pairs, so the head width "
+                f"model.position: {rotary[0]} rotates feature pairs, so the head width "
                 f"d_model/n_head={self.head_dim} must be even"
             )
         if self.position != "sinusoidal" and not self.scale_embeddings:
@@ -135,13 +157,70 @@ class ModelConfig:
                 f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
                 f"{self.position})"
             )
-        if self.position == "sinusoidal" and self.d_model % 2:
-            raise ConfigError(
-                f"model.position: sinusoidal needs an even d_model, got {self.d_model}"
-            )
+        for name in ("sinusoidal",):  # sin and cos pairs of width d_model
+            if name in self.layer_positions and self.d_model % 2:
+                raise ConfigError(
+                    f"model.position: {name} needs an even d_model, got {self.d_model}"
+                )
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
+        self._check_normalize()
+        self._check_window()
+
+    def _check_normalize(self) -> None:
+        """A normalization that runs with this model's kernel and schemes."""
+        _choice("model", "normalize", self.normalize, NORMALIZATIONS)
+        if self.normalize == "stick_breaking":
+            others = sorted(set(self.layer_positions) - {"none"})
+            if others:
+                raise ConfigError(
+                    f"model.normalize: stick_breaking is its own position signal (Tan et al. use "
+                    f"no position scheme with it); set position: none, not {others[0]}"
+                )
+            if self.kernel == "flex":
+                raise ConfigError(
+                    "model.kernel: flex computes a softmax; stick_breaking runs as the notes' "
+                    "explicit formula does (kernel: sdpa or math)"
+                )
+        flexless = sorted(set(NO_FLEX) & set(self.layer_positions))
+        if flexless and self.kernel == "flex":
+            raise ConfigError(
+                f"model.kernel: flex cannot compute {flexless[0]}'s bias (its positions sum "
+                "gates over the keys, and a score function sees one query-key pair); use sdpa"
+            )
+
+    def _check_window(self) -> None:
+        """One window, or one per layer: each a whole number of keys from 1 to the context."""
+        if self.window is None:
+            return
+        if isinstance(self.window, list):
+            text = value_text(self.window)
+            items = list(self.window)
+            repeat = items[-1:] == ["..."]
+            items = items[:-1] if repeat else items
+            if not items or any(i == "..." for i in items):
+                raise ConfigError(
+                    f"model.window: {text}: give one window per layer (null: every key), or "
+                    "end the list with ... to repeat it"
+                )
+            if (repeat and self.n_layer % len(items)) or (
+                not repeat and len(items) != self.n_layer
+            ):
+                raise ConfigError(
+                    f"model.window: {text} gives {len(items)} windows for n_layer={self.n_layer} "
+                    "layers; give one per layer, or end the list with ... to repeat it"
+                )
+        else:
+            items = [self.window]
+        for w in items:
+            if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+                raise ConfigError(f"model.window: {shown(w)} is not a number of keys >= 1")
+            if w is not None and w > self.context_length:
+                raise ConfigError(
+                    f"model.window: {w} is more than model.context_length={self.context_length}: "
+                    "a window that long reads every key (write null)"
+                )
 
     def _check_random_positions(self) -> None:
         M = self.random_positions
@@ -206,7 +285,7 @@ class ModelConfig:
         """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
         a model that uses their scheme, so that one config can hold them for a sweep over
         ``model.position``."""
-        _positive("model", self, "fire_width", "fire_threshold")
+        _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
         if self.t5_max_distance <= self.t5_buckets // 2:
@@ -220,14 +299,16 @@ class ModelConfig:
         parsed here, once, into ``rope_method`` and ``rope_factor``."""
         object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
         _positive("model", self, "rope_original_context")
-        if not 0.0 < self.rope_fraction <= 1.0:
-            raise ConfigError(f"model.rope_fraction: must be in (0, 1], got {self.rope_fraction!r}")
-        if "rope" not in self.layer_positions:
-            for name, default in (("rope_fraction", 1.0), ("rope_original_context", None)):
+        for name in ("rope_fraction", "rope_p"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                raise ConfigError(f"model.{name}: must be in (0, 1], got {getattr(self, name)!r}")
+        if not set(ROTARY) & set(self.layer_positions):
+            keys = (("rope_fraction", 1.0), ("rope_p", 1.0), ("rope_original_context", None))
+            for name, default in keys:
                 if getattr(self, name) != default:
                     raise ConfigError(
-                        f"model.{name}: applies to position: rope only (this model uses "
-                        f"{self.position_text})"
+                        f"model.{name}: applies to position: rope or xpos only (this model "
+                        f"uses {self.position_text})"
                     )
             if self.rope_method != "none":
                 raise ConfigError(
@@ -235,16 +316,41 @@ class ModelConfig:
                     f"position: {self.position_text}"
                 )
             return
-        pairs = self.rope_fraction * self.head_dim / 2
-        if round(pairs) < 1 or abs(pairs - round(pairs)) > 1e-6:
+        if self.rope_fraction != 1.0 and self.rope_p != 1.0:
             raise ConfigError(
-                f"model.rope_fraction: {self.rope_fraction} of the {self.head_dim // 2} pairs of "
-                f"a head is {pairs:g} pairs; choose a fraction that gives a whole number >= 1"
+                "model.rope_p: p-RoPE keeps the fastest pairs at their frequencies, rope_fraction "
+                "re-spaces the frequencies of the first pairs; set one of them"
             )
+        for name in ("rope_fraction", "rope_p"):
+            share = getattr(self, name)
+            pairs = share * self.head_dim / 2
+            if round(pairs) < 1 or abs(pairs - round(pairs)) > 1e-6:
+                raise ConfigError(
+                    f"model.{name}: {share} of the {self.head_dim // 2} pairs of a head is "
+                    f"{pairs:g} pairs; choose a fraction that gives a whole number >= 1"
+                )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window, ``n_layer`` of them (None: every key)."""
+        if not isinstance(self.window, list):
+            return (self.window,) * self.n_layer
+        items = [w for w in self.window if w != "..."]
+        return tuple(items * (self.n_layer // len(items)))
+
+    @property
+    def cope_positions(self) -> int:
+        """How many position embeddings CoPE has."""
+        return self.cope_max or self.context_length + 1
+
+    @property
+    def rope_kept_pairs(self) -> int:
+        """How many of each head's fastest pairs p-RoPE rotates (all, by default)."""
+        return round(self.rope_p * self.head_dim / 2)
 
     @property
     def layer_positions(self) -> tuple[str, ...]:

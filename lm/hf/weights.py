@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from lm.config.sections import ModelConfig
+from lm.config.values import value_text
 from lm.hf.rope import CannotExpress, check_rope, refuse, rope_keys, rope_parameters
 from lm.model.position.biases import alibi_slopes
 from lm.model.position.embeddings import sinusoidal_table
@@ -220,6 +221,21 @@ def check_exportable(cfg: ModelConfig) -> None:
         raise CannotExpress(
             f"model.position: {cfg.position} cannot be exported: no transformers architecture "
             f"computes it (lm exports {', '.join(TARGETS)})"
+        )
+    if cfg.normalize != "softmax":
+        raise CannotExpress(
+            f"model.normalize: {cfg.normalize} cannot be exported: GPT-NeoX, GPT-2 and MPT "
+            "normalize scores with the softmax"
+        )
+    if cfg.window is not None:
+        raise CannotExpress(
+            f"model.window: {value_text(cfg.window)} cannot be exported: GPT-NeoX, GPT-2 and MPT "
+            "read every key (transformers' sliding windows belong to other architectures)"
+        )
+    if cfg.rope_p != 1.0:
+        raise CannotExpress(
+            f"model.rope_p: {cfg.rope_p} cannot be exported: GPT-NeoX's partial rotary re-spaces "
+            "the frequencies of the pairs it rotates; p-RoPE keeps the notes' frequencies"
         )
     if cfg.position == "alibi":
         if cfg.bias:

@@ -6,10 +6,11 @@ causal mask, multiple heads):
 
 Rows are queries, columns are keys. The position scheme enters through this layer's part
 (:mod:`lm.model.position`), which may rotate queries and keys or add a bias ``B`` to the scores
-(``S + B + M``); this module never asks which scheme it is. The mask ``M`` and the kernel that
-computes the softmax are decided once per forward pass (:mod:`lm.model.plan`); :func:`attend`
-runs that kernel: the notes' formula written out (:func:`lm.model.kernels.attention`), SDPA or
-FlexAttention.
+(``S + B + M``), and the normalization through its own (:mod:`lm.model.normalize`); this module
+never asks which they are. The mask ``M`` (with a layer's sliding window) and the kernel are
+decided once per forward pass (:mod:`lm.model.plan`); :func:`attend` runs that kernel: the notes'
+formula written out (:func:`lm.model.kernels.attention`), SDPA, FlexAttention, or stick-breaking
+in place of the softmax.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
-from lm.model.kernels import attention, flex
+from lm.model.kernels import attention, flex, softmax_rows, stick_breaking
+from lm.model.normalize import normalization_part
 from lm.model.plan import AdditiveMask, Plan
 from lm.model.position import attention_part
 
@@ -42,19 +44,23 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={config.d_model} is not divisible by n_head={config.n_head}")
         self.n_head, self.head_dim, self.layer = config.n_head, config.head_dim, layer
         self.dropout = config.dropout
+        self.window = config.layer_windows[layer]  # None: every key
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # W_O
         self.position = attention_part(config, layer)
+        self.normalization = normalization_part(config)
 
     def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
         """Self-attention of ``x [B, T, d]`` as ``plan`` places and masks it, ``[B, T, d]``.
         With ``cache``, the new keys and values join those of the earlier tokens."""
+        plan = plan.at_window(self.window)  # the keys this layer may read
         q, k, v = self.project(x)  # (B, H, T, d_k) each
-        q, k = self.position.rotate(q, plan), self.position.rotate(k, plan)
+        q, k = self.position.rotate(q, k, plan)
         if cache is not None:  # every slot's keys and values, (B, H, capacity, d_k)
             k, v = cache.store(self.layer, k, v)
+        added = self.position.additive_mask(plan, x, q, k, cache)  # M + B; None: M alone
+        q = self.normalization.scale(q, plan)  # SSMax's s_h log n; the notes' softmax: q
         dropout = self.dropout if self.training else 0.0
-        added = self.position.additive_mask(plan)  # M + B for a score bias; None: M alone
         y = attend(q, k, v, plan, added, dropout)  # (B, H, T, d_k)
         return self.out(y.transpose(1, 2).flatten(2))  # heads concatenated, then W_O
 
@@ -64,19 +70,26 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim))  # (B, T, 3, H, d_k)
         return list(qkv.permute(2, 0, 3, 1, 4).unbind(0))
 
-    def masked_scores(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
-        """The softmax's input ``S + M`` (position bias included) ``[B, H, T, T]``: what the
-        attention pictures show, for a ``math`` plan."""
-        q, k, _ = self.project(x)
-        q, k = self.position.rotate(q, plan), self.position.rotate(k, plan)
+    def scores_and_weights(self, x: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, ...]:
+        """The normalization's input ``S + B + M`` and its weights ``A``, ``[B, H, T, T]`` each:
+        what the attention pictures show, for a ``math`` or ``stick_breaking`` plan."""
+        plan = plan.at_window(self.window)
+        q, k, v = self.project(x)
+        q, k = self.position.rotate(q, k, plan)
+        added = self.position.additive_mask(plan, x, q, k)  # holds M's -inf too
+        q = self.normalization.scale(q, plan)
+        mask = plan.mask if added is None else added
         s = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # S: (B, H, T, T)
-        added = self.position.additive_mask(plan)  # holds M's -inf too
-        if added is not None:
-            s = s + added
-        elif plan.mask is not None:
-            s = s.masked_fill(~plan.mask, float("-inf"))
-        # A query with no key to read has every score blocked (the kernels let it read all).
-        return s if plan.no_keys is None else s.masked_fill(plan.no_keys, float("-inf"))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+        if plan.no_keys is not None:  # a query with no key to read: every score blocked
+            s = s.masked_fill(plan.no_keys, float("-inf"))
+        if plan.kernel == "stick_breaking":
+            weights = stick_breaking(q, k, v, mask)[1]
+            weights = weights if plan.no_keys is None else weights.masked_fill(plan.no_keys, 0.0)
+        else:
+            weights = softmax_rows(s)  # all zero where every score is blocked
+        return s, weights
 
 
 def attend(
@@ -92,8 +105,9 @@ def attend(
     it (a float tensor, or a score function for FlexAttention); dropout acts on ``A``."""
     if plan.kernel == "flex":
         y = flex(q, k, v, score_mod=added, block_mask=plan.mask)
-    elif plan.kernel == "math":  # the notes' formula, written out
-        y, weights = attention(q, k, v, plan.mask if added is None else added)
+    elif plan.kernel in ("math", "stick_breaking"):  # the notes' formula, written out
+        normalized = attention if plan.kernel == "math" else stick_breaking
+        y, weights = normalized(q, k, v, plan.mask if added is None else added)
         if dropout:
             y = F.dropout(weights, dropout) @ v
     else:

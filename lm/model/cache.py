@@ -42,6 +42,7 @@ class KVCache:
         self._slot = torch.arange(capacity, device=device)
         self._next = torch.zeros((), dtype=torch.long, device=device)  # first free slot
         self._new = self._slot[:0]  # the slots of the current pass
+        self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # see cumulative
 
     def extend(self, new_mask: torch.Tensor) -> torch.Tensor:
         """Give T new tokens (``new_mask [B, T]``, True = real) the next T slots; their
@@ -66,3 +67,18 @@ class KVCache:
         self.k[layer].index_copy_(2, self._new, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, self._new, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
+
+    def cumulative(self, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Running sums of a per-token value of one layer (FoX's log forget gates), ``values [B,
+        H, T]`` for this pass's tokens: their sums ``[B, H, T]``, each row counting on from its
+        earlier tokens, and every slot's ``[B, H, capacity]``. The sums live here beside the keys,
+        made at the first pass and updated in place after."""
+        if layer not in self._sums:
+            B, H, capacity = values.shape[0], values.shape[1], self.key_mask.shape[1]
+            slots = values.new_zeros(B, H, capacity)
+            self._sums[layer] = (slots, values.new_zeros(B, H))
+        slots, total = self._sums[layer]
+        sums = total[..., None] + values.cumsum(dim=-1)
+        slots.index_copy_(2, self._new, sums)
+        total.copy_(sums[..., -1])
+        return sums, slots

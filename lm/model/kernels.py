@@ -12,6 +12,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 
 try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
     from torch.nn.attention.flex_attention import flex_attention
@@ -49,6 +50,28 @@ def attention(
         else:
             scores = scores + mask
     weights = softmax_rows(scores)  # A
+    return weights @ v, weights
+
+
+def stick_breaking(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stick-breaking attention (Tan et al. 2025, "Scaling Stick-Breaking Attention", arXiv
+    2410.17980, eq. 3), written out: returns ``(Y, A)`` with ``A_lj = sigma(z_lj) prod_{j < m <=
+    l} (1 - sigma(z_lm))`` for ``z = S + M`` (shapes and ``mask`` as :func:`attention`). Each
+    query breaks a stick from its nearest key back: key j takes the share ``sigma(z_lj)`` of what
+    the keys after it left, so nearer keys come first and a row sums to at most 1 (what no key
+    takes is read from nowhere). Computed in log space, ``log A_lj = log sigma(z_lj) + sum_{m >
+    j} log sigma(-z_lm)``, a blocked key taking nothing and leaving everything."""
+    z = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Lq, Lk)
+    if mask is not None and mask.dtype != torch.bool:
+        z = z + mask  # a bias, and -inf where blocked
+    take, leave = F.logsigmoid(z), F.logsigmoid(-z)  # log sigma(z), log(1 - sigma(z))
+    if mask is not None and mask.dtype == torch.bool:
+        take = take.masked_fill(~mask, float("-inf"))
+        leave = leave.masked_fill(~mask, 0.0)
+    after = leave.flip(-1).cumsum(dim=-1).flip(-1) - leave  # sum over the keys after each one
+    weights = torch.exp(take + after)
     return weights @ v, weights
 
 

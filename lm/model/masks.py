@@ -41,10 +41,15 @@ def allowed_keys(
     Lk: int,
     first: int,
     device: torch.device,
+    window: int | None = None,
+    positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(mask, no_keys)``: which keys each query may read (boolean, broadcastable to ``[B, H,
     Lq, Lk]``; None: all), and the query rows left with none (``[B, 1, Lq, 1]``; None: no such
-    row), which read every key instead so that no kernel meets an empty row."""
+    row), which read every key instead so that no kernel meets an empty row. ``window``: a query
+    also reads no key ``window`` or more real tokens before it (``positions`` and
+    ``key_positions``, ``[B|1, L]``, count real tokens), the restriction of a sliding window."""
     mask = None
     if key_mask is not None:
         mask = key_mask[:, None, None, :]  # (B, 1, 1, Lk): the same for every query
@@ -55,6 +60,11 @@ def allowed_keys(
     if causal:  # (Lq, Lk): query i reads slots up to first + i
         order = causal_mask(Lq, device, keys=Lk, first=first) == 0
         allowed = order if mask is None else mask & order
+    if window is not None:  # (B|1, 1, Lq, Lk): at most window - 1 real tokens back
+        q = positions.view(-1, 1, Lq, 1)
+        k = key_positions.view(-1, 1, 1, Lk)
+        near = q - k < window
+        allowed = near if allowed is None else allowed & near
     if mask is None:
         return allowed, None  # causality alone leaves every query its own key
     no_keys = ~allowed.any(dim=-1, keepdim=True)
@@ -67,9 +77,13 @@ def flex_block_mask(
     causal: bool,
     L: int,
     device: torch.device,
+    window: int | None = None,
+    positions: torch.Tensor | None = None,
 ):
-    """FlexAttention's block mask for these masks (wholly blocked blocks are skipped); None when
-    every key is allowed."""
+    """FlexAttention's block mask for these masks (wholly blocked blocks are skipped, so a sliding
+    window costs only its blocks); None when every key is allowed. ``positions`` ``[B|1, L]``
+    count real tokens, which a window measures."""
+    pos = None if window is None else positions.view(-1, L)
 
     def allowed(b, h, q, k):  # True where query q may read key k
         ok = q >= k if causal else q == q
@@ -77,10 +91,13 @@ def flex_block_mask(
             ok = ok & (segments[b, q] == segments[b, k])
         if key_mask is not None:
             ok = ok & key_mask[b, k]
+        if pos is not None:
+            row = b if pos.shape[0] > 1 else 0
+            ok = ok & (pos[row, q] - pos[row, k] < window)
         return ok
 
     rows = next((t.shape[0] for t in (key_mask, segments) if t is not None), None)
-    if not causal and rows is None:
+    if not causal and rows is None and window is None:
         return None
     return create_block_mask(allowed, rows, None, L, L, device)
 

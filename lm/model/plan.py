@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from lm.config.names import LEARNED_BIASES, SCHEME_PLACES
+from lm.config.names import LEARNED_BIASES, NO_FLEX, SCHEME_PLACES
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import FLEX_AVAILABLE, flex_backward
@@ -52,7 +53,8 @@ class Plan:
     batch: int
     heads: int
     kernel: str
-    """The kernel that runs: sdpa | flex | math (``model.kernel``, resolved for this pass)."""
+    """The kernel that runs: sdpa | flex | math (``model.kernel``, resolved for this pass), or
+    stick_breaking (``model.normalize``, the notes' formula with another normalization)."""
     is_causal: bool
     """True when ``mask`` is None and the kernel applies the causal mask itself (SDPA's
     mask-free causal path); otherwise the causal order, if any, is in ``mask``."""
@@ -63,15 +65,33 @@ class Plan:
     """``[B, 1, Lq, 1]``: queries with no key to read, zeroed after the kernel; None: none."""
     dtype: torch.dtype
     """The scores' dtype, which an additive mask must have."""
+    keys_read: torch.Tensor | None = None
+    """How many keys each query reads, ``[B|1, 1, Lq, 1]`` (SSMax's n); None: not needed."""
     rotation: tuple[torch.Tensor, torch.Tensor] | None = None
     """RoPE's cos and sin at ``positions``, ``[..., Lq, d_k/2]`` each."""
-    shared: dict[type, AdditiveMask] = field(default_factory=dict)
-    """Additive masks that the layers of one scheme share (ALiBi's, T5's), by the scheme's part
-    class: a hybrid of two such schemes keeps one of each."""
+    shared: dict[tuple[type, int | None], Any] = field(default_factory=dict)
+    """What the layers of one scheme share (ALiBi's additive mask, xPos's angles), by the
+    scheme's part class and the layers' window: a hybrid of two such schemes keeps one of
+    each."""
+    window: int | None = None
+    """The sliding window of the layers this plan serves (None: every key), :meth:`at_window`."""
+    views: dict[int | None, dict[str, Any]] = field(default_factory=dict)
+    """``mask``, ``no_keys``, ``is_causal`` and ``keys_read`` for each window of the model."""
 
-    def sharing(self, kind: type, added: AdditiveMask) -> Plan:
-        """This plan with ``added`` shared by every layer whose part is a ``kind``."""
-        return dataclasses.replace(self, shared={**self.shared, kind: added})
+    def at_window(self, window: int | None) -> Plan:
+        """The plan of the layers whose queries read at most the last ``window`` keys."""
+        if window == self.window:
+            return self
+        return dataclasses.replace(self, window=window, **self.views[window])
+
+    def sharing(self, kind: type, value: Any) -> Plan:
+        """This plan with ``value`` shared by every layer whose part is a ``kind`` and whose window
+        is this plan's."""
+        return dataclasses.replace(self, shared={**self.shared, (kind, self.window): value})
+
+    def shared_by(self, kind: type) -> Any:
+        """What :meth:`sharing` holds for ``kind`` at this plan's window."""
+        return self.shared[(kind, self.window)]
 
     def additive_mask(self, bias_at: BiasAt) -> AdditiveMask:
         """``M + B`` for the bias ``bias_at`` in the form the kernel takes: a FlexAttention score
@@ -114,41 +134,67 @@ def build_plan(
     T, device = input_ids.shape[1], input_ids.device
     first = cache.start if cache is not None else 0  # the new tokens' first slot
     limit = first + T
+    if cache is not None:
+        dense = cache.positions  # (B, T), each row counting on from its own real tokens
+        key_mask, dense_keys = cache.key_mask, cache.key_positions  # (B, capacity) each
+    else:
+        if segments is not None:
+            dense = positions_from_segments(segments)
+        elif key_mask is not None:
+            dense = positions_from_mask(key_mask)
+        else:
+            dense = torch.arange(T, device=device)
+        dense_keys = dense
+    positions, key_positions = dense, dense_keys  # what a scheme reads; windows read dense ones
     if cache is None and training and config.random_positions is not None:
         limit = config.random_positions
         B = input_ids.shape[0]
-        positions = random_positions(B, T, limit, key_mask, segments, device)
-        key_positions = positions
-    elif cache is not None:
-        positions = cache.positions  # (B, T), each row counting on from its own real tokens
-        key_mask, key_positions = cache.key_mask, cache.key_positions  # (B, capacity) each
-    else:
-        if segments is not None:
-            positions = positions_from_segments(segments)
-        elif key_mask is not None:
-            positions = positions_from_mask(key_mask)
-        else:
-            positions = torch.arange(T, device=device)
-        key_positions = positions
+        positions = key_positions = random_positions(B, T, limit, key_mask, segments, device)
     # One new query with a cache: the filled slots are exactly what it may read.
     causal = causal and (cache is None or T > 1)
-    masked = key_mask is not None or segments is not None
+    windows = sorted(set(config.layer_windows), key=lambda w: -1 if w is None else w)
+    masked = key_mask is not None or segments is not None or windows != [None]
     biased = any(SCHEME_PLACES[name] == "scores" for name in config.layer_positions)
     learned = not set(config.layer_positions).isdisjoint(LEARNED_BIASES)
+    flexless = not set(config.layer_positions).isdisjoint(NO_FLEX)
     dropout = config.dropout if training else 0.0
-    chosen = _kernel(kernel or config.kernel, device, masked or biased, learned, cache, dropout)
+    if config.normalize == "stick_breaking":  # its own formula, written out, whatever the kernel
+        chosen = "stick_breaking"
+    else:
+        setting = kernel or config.kernel
+        chosen = _kernel(setting, device, masked or biased, learned, flexless, cache, dropout)
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
-    where = dict(positions=positions, key_positions=key_positions, position_limit=limit)
-    common = dict(where, batch=input_ids.shape[0], heads=config.n_head, kernel=chosen, dtype=dtype)
-    if chosen == "flex":
-        mask = flex_block_mask(key_mask, segments, causal, T, device)
-        return Plan(**common, is_causal=False, mask=mask, no_keys=None)
-    if chosen == "sdpa" and causal and not (masked or biased):
-        return Plan(**common, is_causal=True, mask=None, no_keys=None)
-    Lk = key_positions.shape[-1]
-    mask, no_keys = allowed_keys(key_mask, segments, causal, T, Lk, first, device)
-    return Plan(**common, is_causal=False, mask=mask, no_keys=no_keys)
+    views = {}
+    for window in windows:  # what each window's layers read: a mask in the kernel's form
+        if chosen == "flex":
+            mask = flex_block_mask(key_mask, segments, causal, T, device, window, dense)
+            view = dict(is_causal=False, mask=mask, no_keys=None)
+        elif chosen == "sdpa" and causal and not (masked or biased):
+            view = dict(is_causal=True, mask=None, no_keys=None)
+        else:
+            Lk = dense_keys.shape[-1]
+            mask, no_keys = allowed_keys(
+                key_mask, segments, causal, T, Lk, first, device, window, dense, dense_keys
+            )
+            view = dict(is_causal=False, mask=mask, no_keys=no_keys)
+        if config.normalize == "ssmax":  # n: the real keys up to the query, within the window
+            read = (dense + 1) if causal or cache is not None else dense.new_full(dense.shape, T)
+            read = read if window is None else read.clamp(max=window)
+            view["keys_read"] = read.view(-1, 1, T, 1)
+        views[window] = view
+    return Plan(
+        positions=positions,
+        key_positions=key_positions,
+        position_limit=limit,
+        batch=input_ids.shape[0],
+        heads=config.n_head,
+        kernel=chosen,
+        dtype=dtype,
+        window=windows[0],
+        views=views,
+        **views[windows[0]],
+    )
 
 
 def _kernel(
@@ -156,6 +202,7 @@ def _kernel(
     device: torch.device,
     needs_mask: bool,
     learned_bias: bool,
+    flexless: bool,
     cache: KVCache | None,
     dropout: float,
 ) -> str:
@@ -169,7 +216,7 @@ def _kernel(
         return "math"
     if learned_bias and device.type == "cpu" and torch.is_grad_enabled():
         return "math"
-    flex = FLEX_AVAILABLE and cache is None and not dropout
+    flex = FLEX_AVAILABLE and cache is None and not dropout and not flexless
     flex = flex and (flex_backward(device) or not torch.is_grad_enabled())
     compiled_gpu = device.type == "cuda" and torch.compiler.is_compiling()
     if flex and (setting == "flex" or (needs_mask and compiled_gpu)):

@@ -21,7 +21,6 @@ from torch.utils.checkpoint import checkpoint
 from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
-from lm.model.kernels import softmax_rows
 from lm.model.plan import Plan, build_plan
 from lm.model.position import embedding_part
 
@@ -86,9 +85,16 @@ class TransformerLM(nn.Module):
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
-        # What the layers share is prepared by the first part of each kind, for all of its kind.
-        parts = [block.attn.position for block in reversed(self.blocks)]
-        self._sharing = list({type(p): p for p in parts}.values())  # a list: the layers own them
+        # What the layers share is prepared by the first part of each kind (T5's holds its table)
+        # for all of its kind, at each window they read: [(part, windows)], a list so that the
+        # layers, not the model, own the parts.
+        first: dict[type, tuple] = {}
+        for block in self.blocks:
+            part, window = block.attn.position, block.attn.window
+            windows = first.setdefault(type(part), (part, []))[1]
+            if window not in windows:
+                windows.append(window)
+        self._sharing = list(first.values())
         self.apply(self._init_weights)
         # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
         # whatever the depth.
@@ -167,9 +173,11 @@ class TransformerLM(nn.Module):
             kernel=kernel,
             dtype=self.embed.weight.dtype,
         )
-        for part in self._sharing:
-            plan = part.prepare(plan)
-        return plan
+        base = plan.window
+        for part, windows in self._sharing:
+            for window in windows:
+                plan = part.prepare(plan.at_window(window))
+        return plan.at_window(base)
 
     def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
         """An empty KV cache of ``capacity`` slots for ``batch`` sequences, on this model's
@@ -184,15 +192,15 @@ class TransformerLM(nn.Module):
         key_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's softmax input ``S + M`` and attention matrix ``A = softmax_row(S + M)``,
-        ``[B, H, T, T]`` each, through the notes' explicit formula: ``(scores, weights)``
-        per layer; the masks as ``forward`` takes them."""
+        """Every layer's normalization input ``S + M`` and attention matrix ``A`` (the notes'
+        ``softmax_row(S + M)``, or the model's ``model.normalize``), ``[B, H, T, T]`` each,
+        through the explicit formula: ``(scores, weights)`` per layer; the masks as ``forward``
+        takes them."""
         plan = self.plan(input_ids, key_mask, segment_ids, kernel="math")
         x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))
         maps = []
         for block in self.blocks:
-            scores = block.attn.masked_scores(block.norm1(x), plan)
-            maps.append((scores, softmax_rows(scores)))
+            maps.append(block.attn.scores_and_weights(block.norm1(x), plan))
             x = block(x, plan)
         return maps
 

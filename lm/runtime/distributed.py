@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from lm.config.errors import SharedError
+from lm.runtime.launch import mark_joined
 
 
 @dataclass(frozen=True)
@@ -35,24 +36,6 @@ class World:
         return self.size > 1
 
 
-_joined = False  # whether this process has joined torchrun's process group
-
-
-def launched_rank() -> int | None:
-    """This process's rank when ``torchrun`` started several (before they join, too); None for
-    a process alone."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    return int(os.environ.get("RANK", "0"))
-
-
-def met_alike(error: BaseException) -> bool:
-    """Whether every process of the job meets ``error`` alike, so that rank 0 alone says it: a
-    :class:`SharedError`, or any error before the processes joined (each read the same command
-    line, config and files). After that, an error of one process is said by that process."""
-    return isinstance(error, SharedError) or not _joined
-
-
 def init_world(device_type: str, timeout_s: float = 3600.0) -> World:
     """Join the process group that torchrun describes in the environment, if any. A collective
     waits up to ``timeout_s`` for every process (``train.dist_timeout_s``): long enough for the
@@ -64,8 +47,7 @@ def init_world(device_type: str, timeout_s: float = 3600.0) -> World:
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         size=int(os.environ["WORLD_SIZE"]),
     )
-    global _joined
-    _joined = True
+    mark_joined()
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":

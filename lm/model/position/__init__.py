@@ -5,21 +5,25 @@ The notes give two ways a position enters a transformer, "add position features,
 query/key features using their positions"; ALiBi adds a third, a bias on the scores. Each scheme
 is one small part that says where it acts:
 
-==================  ==========================  ==============================================
-acts on             scheme                      what it does
-==================  ==========================  ==============================================
+==================  ===========================  ===============================================
+acts on             scheme                       what it does
+==================  ===========================  ===============================================
 embeddings          ``sinusoidal``, ``learned``  ``x_l = E[w_l] + p_l``
-queries and keys    ``rope``                    pair i of q_l and k_l rotated by ``l theta_i``
-scores              ``alibi``                   ``S_lj - m_h |l - j|``
-scores              ``t5``                      ``S_lj + b_h[bucket(l - j)]``, b learned
-scores              ``kerple``                  ``S_lj - r1_h log(1 + r2_h |l - j|)``, r learned
-scores              ``fire``                    ``S_lj + f_h(psi(l - j) / psi(max(L, l)))``
-nothing             ``none``                    only the causal mask orders the tokens
-==================  ==========================  ==============================================
+queries and keys    ``rope``                     pair i of q_l and k_l rotated by ``l theta_i``
+queries and keys    ``xpos``                     RoPE, q and k scaled so scores decay ``zeta^(l-j)``
+scores              ``alibi``                    ``S_lj - m_h |l - j|``
+scores              ``t5``                       ``S_lj + b_h[bucket(l - j)]``, b learned
+scores              ``kerple``                   ``S_lj - r1_h log(1 + r2_h |l - j|)``, r learned
+scores              ``fire``                     ``S_lj + f_h(psi(l - j) / psi(max(L, l)))``
+scores              ``fox``                      ``S_lj + sum_{t=j+1..l} log f_t``, gates of x_t
+scores              ``cope``                     ``S_lj + q_l . e[sum_{t=j..l} sigma(q_l . k_t)]``
+nothing             ``none``                     only the causal mask orders the tokens
+==================  ===========================  ===============================================
 
-ALiBi, T5's and KERPLE's biases are functions of the distance ``l - j``; FIRE's (a learned MLP
-``f``) also of the query position, which it divides the distance by. Each names its paper and
-says whether its parameters are shared across layers.
+ALiBi's, T5's and KERPLE's biases are functions of the distance ``l - j``; FIRE's (a
+learned MLP ``f``) also of the query position, which it divides the distance by; FoX's and CoPE's
+of the layer's content. Each names its paper and says whether its parameters are shared across
+layers.
 
 A part overrides only the hooks of its place (:class:`~lm.model.position.base.Scheme`), and the
 model and attention call every hook without asking which scheme they hold. A new scheme is a new
@@ -27,8 +31,9 @@ part in :data:`SCHEMES` and a row of ``lm.config.names.SCHEME_PLACES``. Each att
 builds its own part (``attention_part(config, layer)``), so a part knows its layer.
 
 The parts live by family: ``embeddings`` (sinusoids, a learned table), ``rope`` (RoPE, with
-partial rotation and the context extensions PI, NTK-aware and YaRN, each with its formula and
-source), ``biases`` (ALiBi, T5, KERPLE, FIRE). Every scheme counts real tokens only
+partial rotation, p-RoPE and the context extensions PI, NTK-aware and YaRN, each with its formula
+and source; xPos), ``biases`` (ALiBi, T5, KERPLE, FIRE: biases of positions),
+``content`` (FoX, CoPE: biases of the layer's content). Every scheme counts real tokens only
 (:mod:`lm.model.masks`).
 """
 
@@ -37,12 +42,12 @@ from __future__ import annotations
 from lm.config.sections import ModelConfig
 from lm.model.position.base import NoPosition, Scheme
 from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi
+from lm.model.position.content import CoPE, FoX
 from lm.model.position.embeddings import Learned, Sinusoidal
-from lm.model.position.rope import RoPE
+from lm.model.position.rope import RoPE, XPos
 
-SCHEMES: dict[str, type[Scheme]] = {
-    part.name: part for part in (RoPE, Sinusoidal, Learned, ALiBi, T5, KERPLE, FIRE, NoPosition)
-}
+PARTS = (RoPE, Sinusoidal, Learned, ALiBi, T5, KERPLE, FIRE, XPos, FoX, CoPE, NoPosition)
+SCHEMES: dict[str, type[Scheme]] = {part.name: part for part in PARTS}
 """Every ``model.position``, by name, in the order of ``lm.config.names.SCHEME_PLACES``."""
 
 

@@ -54,8 +54,9 @@ class ALiBi(Scheme):
     def prepare(self, plan: Plan) -> Plan:
         return plan.sharing(ALiBi, plan.additive_mask(self.bias_at))
 
-    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
-        return plan.shared[ALiBi]
+    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
+        # a bias of positions alone: the layer's content (x, q, k) is not read
+        return plan.shared_by(ALiBi)
 
 
 def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -114,8 +115,9 @@ class T5(Scheme):
     def prepare(self, plan: Plan) -> Plan:
         return plan.sharing(T5, plan.additive_mask(self.bias_at))
 
-    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
-        return plan.shared[T5]
+    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
+        # a bias of positions alone: the layer's content (x, q, k) is not read
+        return plan.shared_by(T5)
 
 
 def positive(r: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
@@ -156,7 +158,8 @@ class KERPLE(Scheme):
         """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
         return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
 
-    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
+        # a bias of positions alone: the layer's content (x, q, k) is not read
         # r1, r2 made positive once, outside FlexAttention's score function (which computes
         # scalars only: no tensor of its own)
         return plan.additive_mask(
@@ -241,5 +244,6 @@ class FIRE(Scheme):
         """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
         return fire_bias(*self.formula_arguments(), head, query, key)
 
-    def additive_mask(self, plan: Plan) -> AdditiveMask | None:
+    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
+        # a bias of positions alone: the layer's content (x, q, k) is not read
         return plan.additive_mask(functools.partial(fire_bias, *self.formula_arguments()))

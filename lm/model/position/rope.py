@@ -110,6 +110,8 @@ class RopeAngles:
     method: str = "none"
     factor: float = 1.0
     context: int | None = None
+    kept: int | None = None
+    """p-RoPE: pairs that rotate (the fastest, at their own frequencies); None: all."""
 
     def __post_init__(self) -> None:
         if self.head_dim % 2:
@@ -119,7 +121,10 @@ class RopeAngles:
     def of(cls, c: ModelConfig) -> RopeAngles:
         """RoPE's angles as a model config sets them."""
         pairs = None if c.rope_fraction == 1.0 else c.rope_pairs
-        return cls(c.head_dim, c.rope_base, pairs, c.rope_method, c.rope_factor, c.rope_context)
+        kept = None if c.rope_p == 1.0 else c.rope_kept_pairs
+        return cls(
+            c.head_dim, c.rope_base, pairs, c.rope_method, c.rope_factor, c.rope_context, kept
+        )
 
     @property
     def extended(self) -> bool:
@@ -132,6 +137,8 @@ class RopeAngles:
         if self.extended and self.method == "ntk":
             base = ntk_base(base, self.factor, d)
         theta = rope_frequencies(self.head_dim, base, self.pairs, device)
+        if self.kept is not None:  # p-RoPE: the slowest pairs' frequencies become 0
+            theta = torch.cat([theta[: self.kept], theta.new_zeros(len(theta) - self.kept)])
         if self.extended and self.method == "yarn":
             if self.context is None:
                 raise ValueError("YaRN needs the trained context length")
@@ -181,5 +188,48 @@ class RoPE(Scheme):
             angles = self.rope.cos_sin(plan.positions)
         return dataclasses.replace(plan, rotation=angles)
 
-    def rotate(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
-        return rotate_pairs(x, *plan.rotation)
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotate_pairs(q, *plan.rotation), rotate_pairs(k, *plan.rotation)
+
+
+def xpos_decay(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
+    """xPos's per-pair decay base ``zeta_i = (2i/d + gamma) / (1 + gamma)`` (Sun et al. 2022,
+    "A Length-Extrapolatable Transformer", arXiv 2212.10554, eq. 10), float64 ``[d/2]``: below 1,
+    smallest for the fastest pair."""
+    return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + gamma) / (1 + gamma)
+
+
+class XPos(RoPE):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554, eq. 11):
+    RoPE whose pair i of a query at position l is also scaled by ``zeta_i^(l/B)`` and of a key at
+    position j by ``zeta_i^(-j/B)``, so that their score decays as ``zeta_i^((l - j)/B)`` with
+    the distance, the fastest pairs the most (``B = model.xpos_scale_base``, the paper's 512).
+    The scales come with RoPE's angles, as scaled cos and sin, computed in float64 and once per
+    forward pass for every xPos layer. The paper's code centres the positions on the middle of
+    each sequence to keep the factors small; lm keeps them absolute (a key's scale must not
+    change once it is in the KV cache) and exact in fp32 up to positions near ``70 B``."""
+
+    name = "xpos"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config, layer)
+        self.scale_base = config.xpos_scale_base
+        self.register_buffer("decay", xpos_decay(config.head_dim), persistent=False)
+
+    def prepare(self, plan: Plan) -> Plan:
+        cos, sin = self.rope.cos_sin(plan.positions, torch.float64)  # (..., L, d_k/2)
+        scale = self.decay.to(cos.device) ** (
+            plan.positions.to(torch.float64)[..., None] / self.scale_base
+        )
+        angles = tuple(
+            t.to(torch.float32) for t in (cos * scale, sin * scale, cos / scale, sin / scale)
+        )
+        return plan.sharing(XPos, angles)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos_q, sin_q, cos_k, sin_k = plan.shared_by(XPos)
+        return rotate_pairs(q, cos_q, sin_q), rotate_pairs(k, cos_k, sin_k)
