@@ -213,7 +213,7 @@ def _documents_and_padding(B: int, L: int) -> dict:
 # (position, model keys, compiled): each case through PyTorch's eager FlexAttention, which calls
 # the same score and mask functions; ALiBi's also compiled, as a model runs it (seconds a case).
 FLEX_CASES = [
-    *[(p, {}, False) for p in ("none", "rope", "alibi", "t5", "kerple", "fire")],
+    *[(p, {}, False) for p in ("none", "rope", "alibi", "t5", "kerple", "fire", "sandwich")],
     ("xpos", {}, False),
     ("fox", {}, False),
     ("rope", {"window": 4}, False),

@@ -280,6 +280,7 @@ EVERY_SETTING = {
         fire_threshold=64.0,
     ),
     "hybrid": case("[rope, none] sets a scheme per layer", position=["rope", "none"]),
+    "sandwich": case("model.position: sandwich cannot be exported", position="sandwich"),
     "xpos": case("model.position: xpos cannot be exported", position="xpos", xpos_scale_base=64.0),
     "fox": case("model.position: fox cannot be exported", position="fox"),
     "cope": case("model.position: cope cannot be exported", position="cope", cope_max=8),

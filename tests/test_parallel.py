@@ -35,7 +35,7 @@ STEPS = {"eval_every": 6, "eval_steps": 3, "log_every": 1, "batch_size": 8, "gra
 # and DDP reduces includes FoX's gates, CoPE's table and SSMax's scales.
 NEWER = {
     "n_layer": 4,
-    "position": ["fox", "cope", "xpos", "alibi"],
+    "position": ["fox", "cope", "xpos", "sandwich"],
     "rope_p": 0.5,
     "normalize": "ssmax",
     "window": [8, None, "..."],

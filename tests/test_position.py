@@ -406,6 +406,23 @@ def _plan(cfg: ModelConfig, T: int, **kw):
     return build_plan(cfg, torch.zeros(1, T, dtype=torch.long), kernel="math", **kw)
 
 
+def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
+    from lm.model.position.biases import Sandwich, sandwich_table
+
+    cfg = ModelConfig(d_model=4, n_head=2, position="sandwich")
+    # d = 4: w = (1, 1/100); p_l . p_j = cos(n) + cos(n/100), less d/2 = 2, at distance n.
+    table = sandwich_table(3, 4)
+    for n in range(3):
+        assert table[n].item() == pytest.approx(math.cos(n) + math.cos(n / 100) - 2)
+    p = sinusoidal_table(6, 4).double()
+    assert (p[5] @ p[3] - 2).item() == pytest.approx(table[2].item())  # the notes' p_l . p_j
+    part = Sandwich(cfg)
+    b = part.additive_mask(part.prepare(_plan(cfg, 3)))  # (1, H, 3, 3), -inf above the diagonal
+    for h, scale in enumerate((2 / 8, 2 / 16)):  # H / (8 h), h = 1, 2
+        assert b[0, h, 2].tolist() == pytest.approx([scale * table[n].item() for n in (2, 1, 0)])
+    assert torch.isinf(b[0, 0, 0, 1])
+
+
 def test_xpos_decays_each_pair_by_zeta_to_the_offset_over_b():
     from lm.model.position.rope import XPos, xpos_decay
 

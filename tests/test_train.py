@@ -59,7 +59,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         ("muon", {}),
         ("adamw", {"random_positions": 96}),
         ("adamw", {"position": ["fox", "cope"], "normalize": "ssmax", "window": [8, None]}),
-        ("muon", {"position": ["xpos", "alibi"], "rope_p": 0.5}),
+        ("muon", {"position": ["xpos", "sandwich"], "rope_p": 0.5}),
         ("adamw", {"position": "none", "normalize": "stick_breaking"}),
     ],
     ids=[
@@ -67,7 +67,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         "muon",
         "random-positions",
         "fox-cope-ssmax-window",
-        "xpos-alibi-p-rope",
+        "xpos-sandwich-p-rope",
         "stick-breaking",
     ],
 )
@@ -196,7 +196,7 @@ def test_padded_batch_step_equals_sequences_one_at_a_time():
 @pytest.mark.parametrize(
     "model",
     [
-        {"n_layer": 4, "position": ["fox", "cope", "xpos", "alibi"], "rope_p": 0.5,
+        {"n_layer": 4, "position": ["fox", "cope", "xpos", "sandwich"], "rope_p": 0.5,
          "normalize": "ssmax", "window": [8, None, "..."]},
         {"position": "none", "normalize": "stick_breaking"},
     ],

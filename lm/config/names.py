@@ -16,6 +16,7 @@ SCHEME_PLACES = {
     "t5": "scores",
     "kerple": "scores",
     "fire": "scores",
+    "sandwich": "scores",
     "xpos": "queries and keys",
     "fox": "scores",
     "cope": "scores",

@@ -157,7 +157,7 @@ class ModelConfig:
                 f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
                 f"{self.position})"
             )
-        for name in ("sinusoidal",):  # sin and cos pairs of width d_model
+        for name in ("sinusoidal", "sandwich"):  # sin and cos pairs of width d_model
             if name in self.layer_positions and self.d_model % 2:
                 raise ConfigError(
                     f"model.position: {name} needs an even d_model, got {self.d_model}"

@@ -15,12 +15,13 @@ scores              ``alibi``                    ``S_lj - m_h |l - j|``
 scores              ``t5``                       ``S_lj + b_h[bucket(l - j)]``, b learned
 scores              ``kerple``                   ``S_lj - r1_h log(1 + r2_h |l - j|)``, r learned
 scores              ``fire``                     ``S_lj + f_h(psi(l - j) / psi(max(L, l)))``
+scores              ``sandwich``                 ``S_lj + c_h (p_l . p_j - d/2)``, sinusoids p
 scores              ``fox``                      ``S_lj + sum_{t=j+1..l} log f_t``, gates of x_t
 scores              ``cope``                     ``S_lj + q_l . e[sum_{t=j..l} sigma(q_l . k_t)]``
 nothing             ``none``                     only the causal mask orders the tokens
 ==================  ===========================  ===============================================
 
-ALiBi's, T5's and KERPLE's biases are functions of the distance ``l - j``; FIRE's (a
+ALiBi's, T5's, KERPLE's and Sandwich's biases are functions of the distance ``l - j``; FIRE's (a
 learned MLP ``f``) also of the query position, which it divides the distance by; FoX's and CoPE's
 of the layer's content. Each names its paper and says whether its parameters are shared across
 layers.
@@ -32,7 +33,7 @@ builds its own part (``attention_part(config, layer)``), so a part knows its lay
 
 The parts live by family: ``embeddings`` (sinusoids, a learned table), ``rope`` (RoPE, with
 partial rotation, p-RoPE and the context extensions PI, NTK-aware and YaRN, each with its formula
-and source; xPos), ``biases`` (ALiBi, T5, KERPLE, FIRE: biases of positions),
+and source; xPos), ``biases`` (ALiBi, T5, KERPLE, FIRE, Sandwich: biases of positions),
 ``content`` (FoX, CoPE: biases of the layer's content). Every scheme counts real tokens only
 (:mod:`lm.model.masks`).
 """
@@ -41,12 +42,12 @@ from __future__ import annotations
 
 from lm.config.sections import ModelConfig
 from lm.model.position.base import NoPosition, Scheme
-from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi
+from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi, Sandwich
 from lm.model.position.content import CoPE, FoX
 from lm.model.position.embeddings import Learned, Sinusoidal
 from lm.model.position.rope import RoPE, XPos
 
-PARTS = (RoPE, Sinusoidal, Learned, ALiBi, T5, KERPLE, FIRE, XPos, FoX, CoPE, NoPosition)
+PARTS = (RoPE, Sinusoidal, Learned, ALiBi, T5, KERPLE, FIRE, Sandwich, XPos, FoX, CoPE, NoPosition)
 SCHEMES: dict[str, type[Scheme]] = {part.name: part for part in PARTS}
 """Every ``model.position``, by name, in the order of ``lm.config.names.SCHEME_PLACES``."""
 

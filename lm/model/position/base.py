@@ -27,7 +27,7 @@ class Scheme(nn.Module):
       layers share, such as RoPE's cos and sin or ALiBi's bias;
     - ``rotate`` (each attention layer, on queries and keys): RoPE, xPos;
     - ``additive_mask`` (each attention layer, on the scores): a bias of positions (ALiBi, T5,
-      KERPLE, FIRE) or of the layer's content too (FoX's gates of its input, CoPE's of
+      KERPLE, FIRE, Sandwich) or of the layer's content too (FoX's gates of its input, CoPE's of
       its queries and keys).
 
     ``name`` is the scheme's ``model.position``; where it acts, ``acts_on``, is read from the

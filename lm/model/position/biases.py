@@ -247,3 +247,50 @@ class FIRE(Scheme):
     def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
         # a bias of positions alone: the layer's content (x, q, k) is not read
         return plan.additive_mask(functools.partial(fire_bias, *self.formula_arguments()))
+
+
+def sandwich_table(length: int, d: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The inner products of the notes' sinusoids at every distance ``n = 0 .. length - 1``:
+    ``p_l . p_(l-n) = sum_i cos(n w_i)``, ``w_i = 10000^(-2i/d)`` (a function of the distance
+    alone, since ``sin a sin b + cos a cos b = cos(a - b)``), minus ``d/2``, its value at distance
+    0, so that a key's bias is 0 at the query and falls, with ripples, as it recedes. float64."""
+    n = torch.arange(length, device=device, dtype=torch.float64)[:, None]
+    omega = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+    return torch.cos(n * omega).sum(dim=-1) - d / 2
+
+
+class Sandwich(Scheme):
+    """Sandwich (Chi et al. 2023, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis", ACL 2023, arXiv 2212.10356, section 5): the parameter-free bias
+    of the inner product of the notes' sinusoids, ``p_l . p_j`` (:func:`sandwich_table`, width
+    ``d_model``), scaled for head h = 1 .. H by ``H / (8 h)`` as in the authors' implementation
+    (NeMo's ``sandwich_pos_bias``), so that each head decays at its own rate, as ALiBi's slopes
+    do. It depends on the distance alone: built once per forward pass and shared by the layers.
+    """
+
+    name = "sandwich"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config)
+        self.d = config.d_model
+        heads = torch.arange(1, config.n_head + 1, dtype=torch.float64)
+        self.register_buffer("scales", config.n_head / (8 * heads), persistent=False)
+
+    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
+        distance = (query - key).clamp(min=0)  # a key after its query is masked anyway
+        table = sandwich_table(int(distance.max()) + 1, self.d, distance.device)
+        return (table[distance] * self.scales[head]).float()
+
+    def prepare(self, plan: Plan) -> Plan:
+        table = sandwich_table(plan.position_limit, self.d, plan.positions.device).float()
+        scales = self.scales.float()
+
+        def bias_at(head, query, key):  # the table looked up: no device read for its length
+            return table[(query - key).clamp(min=0)] * scales[head]
+
+        return plan.sharing(Sandwich, plan.additive_mask(bias_at))
+
+    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
+        # a bias of positions alone: the layer's content (x, q, k) is not read
+        return plan.shared_by(Sandwich)
