@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="KEY=V1,V2,...",
         help="the key to compare and its values, e.g. model.position=rope,sinusoidal,learned "
-        "(a list value keeps its commas inside brackets: 'model.position=rope,[rope,none]'); "
+        "(a list value keeps its commas inside brackets: 'model.position=rope,[rope,none]'; a "
+        "value joins other settings of its runs with +: none+model.normalize=stick_breaking); "
         "give it again with eval.rope_scaling=none,pi:4,ntk:4,yarn:4 to also evaluate every RoPE "
         "run with each context extension (no retraining)",
     )

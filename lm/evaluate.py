@@ -34,7 +34,7 @@ from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
-from lm.data.tasks import evaluation_examples
+from lm.data.tasks import evaluation_examples, splits
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.directory import CONFIG, TOKENIZER
 from lm.runs.load import LoadedRun, load_run
@@ -285,43 +285,57 @@ def task_accuracy(
 ) -> list[dict[str, Any]]:
     """Exact-match accuracy of a task run at each of ``data.task_eval_lengths``: the answers it
     gives greedily (``lm.sample.generate``, KV cache) to ``data.task_eval_examples`` prompts per
-    length, each right only if every token and the end of the document are. One row per length:
-    ``length``, ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length)."""
+    length, each right only if every token and the end of the document are. One row per length
+    (per split and length for flip-flop, ``lm.data.tasks.FLIPFLOP_SPLITS``): ``length``,
+    ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for flip-flop
+    the training split), and for flip-flop ``split``."""
     data = run.config.data
     task = task_of(data.source)
     trained, lengths = data.task_ranges()
     tok = run.tokenizer
     size = batch_size or run.config.train.eval_batch()
     rows = []
-    for length in lengths:
-        pairs = evaluation_examples(task, length, data.task_eval_examples, data.seed)
-        prompts = [tok.encode(p) for p, _ in pairs]
-        answers = [tok.encode(a) for _, a in pairs]
-        correct = 0
-        for i in range(0, len(pairs), size):
-            want = answers[i : i + size]
-            longest = max(map(len, want)) + 1  # the answer, then <eod>
-            got = generate(run.model, prompts[i : i + size], longest, tok.pad_id, tok.eod_id)
-            correct += sum(g == w for g, w in zip(got, want, strict=True))
-        rows.append(
-            {
-                "length": length,
-                "accuracy": correct / len(pairs),
-                "correct": correct,
-                "examples": len(pairs),
-                "trained": length in trained,
-            }
-        )
+    for index, (split, ignore) in enumerate(splits(task, data.flipflop_ignore)):
+        for length in lengths:
+            count = data.task_eval_examples
+            pairs = evaluation_examples(task, length, count, data.seed, ignore, index)
+            prompts = [tok.encode(p) for p, _ in pairs]
+            answers = [tok.encode(a) for _, a in pairs]
+            correct = 0
+            for i in range(0, len(pairs), size):
+                want = answers[i : i + size]
+                longest = max(map(len, want)) + 1  # the answer, then <eod>
+                got = generate(run.model, prompts[i : i + size], longest, tok.pad_id, tok.eod_id)
+                correct += sum(g == w for g, w in zip(got, want, strict=True))
+            row = {"split": split} if split is not None else {}
+            rows.append(
+                {
+                    **row,
+                    "length": length,
+                    "accuracy": correct / len(pairs),
+                    "correct": correct,
+                    "examples": len(pairs),
+                    "trained": length in trained and index == 0,
+                }
+            )
     return rows
 
 
 def format_accuracy(rows: list[dict[str, Any]]) -> str:
-    """A task's accuracy rows as a Markdown table; trained lengths marked."""
-    lines = ["| length | exact match | correct | trained length |", "|---:|---:|---:|:---:|"]
+    """A task's accuracy rows as a Markdown table; trained lengths marked (and flip-flop's
+    splits named)."""
+    split = "split" in rows[0]
+    head = "| split " if split else ""
+    lines = [
+        f"{head}| length | exact match | correct | trained |",
+        ("|---" if split else "") + "|---:|---:|---:|:---:|",
+    ]
     for r in rows:
         mark = "yes" if r["trained"] else ""
+        cell = f"| {r['split']} " if split else ""
         lines.append(
-            f"| {r['length']} | {r['accuracy']:.1%} | {r['correct']}/{r['examples']} | {mark} |"
+            f"{cell}| {r['length']} | {r['accuracy']:.1%} | {r['correct']}/{r['examples']} "
+            f"| {mark} |"
         )
     return "\n".join(lines)
 

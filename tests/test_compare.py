@@ -17,6 +17,7 @@ from PIL import Image
 
 from lm.cli import main
 from lm.compare.diagnostics import draw_attention, draw_score_by_offset
+from lm.config.load import load_config
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
 from lm.model.transformer import TransformerLM
@@ -368,3 +369,36 @@ def test_a_rebuilt_report_is_the_same_report(sweep, tmp_path, capsys):
     # A flag given to the rebuild still says what it asks for.
     assert main(["compare", str(out), "--quiet", "--eval-lengths", "1x"]) == 0
     assert table_row(out, "position", 2) == ["position", "val loss @32 (1×)"]
+
+
+def test_a_vary_value_joins_other_settings_of_its_runs_with_a_plus(tmp_path, capsys):
+    # Stick-breaking is position none with another normalisation: one value of one sweep.
+    cfg = write_config(tmp_path / "tiny.yaml", train={"max_steps": 2, "eval_every": 0})
+    out = tmp_path / "sweep"
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    joined = "none+model.normalize=stick_breaking"
+    argv = ["compare", str(cfg), "--vary", f"model.position=rope,{joined}", "--set", cache]
+    assert main([*argv, "--out", str(out), "--max-new-tokens", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    (run,) = (out / "position=none+normalize=stick_breaking").glob("seed*")
+    model = load_config(run / "config.yaml").model
+    assert (model.position, model.normalize) == ("none", "stick_breaking")
+    rows = [r["label"] for r in json.loads((out / "report.json").read_text())["runs"]]
+    assert rows == ["position=rope, normalize=softmax", "position=none, normalize=stick_breaking"]
+    # Refused before any training, in one line naming --vary: a key set twice, a key that
+    # does not exist, a value that is another value's setting.
+    for values, message in [
+        (
+            "rope,none+model.position=rope",
+            "--vary model.position: 'none+model.position=rope' sets model.position twice",
+        ),
+        ("rope,none+model.nrmlz=ssmax", "model.nrmlz: unknown key (did you mean model.normalize?)"),
+        (
+            "rope,rope+model.normalize=softmax",
+            "--vary model.position: rope and rope+model.normalize=softmax are the same setting",
+        ),
+    ]:
+        bad = tmp_path / "bad"
+        argv = ["compare", str(cfg), "--vary", f"model.position={values}", "--set", cache]
+        expect_error(capsys, [*argv, "--out", str(bad)], message)
+        assert not bad.exists()

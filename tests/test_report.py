@@ -224,6 +224,21 @@ def test_labels_name_what_differs_besides_the_seed():
     assert labels(seeds) == ("run", ["same config", "same config"])
     two = tiny_config(model={"position": "alibi"}, train={"lr": 1e-3})
     assert labels([rope, two]) == ("runs", ["position=rope, lr=0.003", "position=alibi, lr=0.001"])
+    # Several keys: each run names the key of most values, another only where the run leaves
+    # the value most runs share.
+    none, breaking = (
+        tiny_config(model={"position": "none", "normalize": n})
+        for n in ("softmax", "stick_breaking")
+    )
+    assert labels([rope, alibi, none, breaking]) == (
+        "runs",
+        [
+            "position=rope",
+            "position=alibi",
+            "position=none",
+            "position=none, normalize=stick_breaking",
+        ],
+    )
     hybrid = tiny_config(model={"position": ["rope", "none"]})  # as YAML writes a list inline
     assert labels([rope, hybrid]) == ("position", ["rope", "[rope, none]"])
     # None and booleans as YAML writes them, as a user would type them to --vary.

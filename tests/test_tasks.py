@@ -60,6 +60,39 @@ def test_examples_say_what_each_task_asks():
     assert {len(a) for _, a in evaluation_examples("copy", 7, 5, 3)} == {7}
 
 
+def memory_of(program: str) -> int:
+    """The flip-flop memory after a program (pairs of a letter and a bit), by the paper's
+    definition: the bit of the last write."""
+    writes = [int(program[i + 1]) for i in range(0, len(program), 2) if program[i] == "w"]
+    return writes[-1]
+
+
+def test_a_flip_flop_program_writes_first_reads_last_and_its_answer_is_the_last_write():
+    programs = training_examples("flipflop", range(2, 40), 400, seed=3, ignore=0.8)
+    for prompt, answer in programs:
+        program = prompt + answer
+        pairs = [program[i : i + 2] for i in range(0, len(program), 2)]
+        assert pairs[0][0] == "w" and pairs[-1][0] == "r" and 2 <= len(pairs) <= 39
+        assert all(p[0] in "wir" and p[1] in "01" for p in pairs)
+        # Every read, the last (the answer) and those before it, gives the memory's bit.
+        for k, pair in enumerate(pairs):
+            if pair[0] == "r":
+                assert int(pair[1]) == memory_of("".join(pairs[:k])), program
+        assert len(prompt) + len(answer) + 1 == task_tokens("flipflop", len(pairs))
+    # The ignore rate is the paper's FFL(p): instructions between the first and the last.
+    for rate in (0.1, 0.8, 0.98):
+        middle = "".join(p[2:-1:2] for p, _ in evaluation_examples("flipflop", 50, 200, 1, rate))
+        assert abs(middle.count("i") / len(middle) - rate) < 0.02
+        assert abs(middle.count("w") - middle.count("r")) / len(middle) < 0.03
+    # Splits draw their own programs; the same split, the same programs.
+    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 0) != evaluation_examples(
+        "flipflop", 9, 5, 1, 0.8, 1
+    )
+    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 2) == evaluation_examples(
+        "flipflop", 9, 5, 1, 0.8, 2
+    )
+
+
 def test_lengths_read_as_ranges():
     assert parse_task_lengths("1-20", "k") == range(1, 21) and parse_task_lengths(
         " 8 ", "k"
@@ -88,6 +121,27 @@ FITS = ["data.task_lengths=1-3", "data.task_eval_lengths=1-5"]
             "data.task_lengths: addition at length 10 makes examples of 34 tokens",
         ),
         (["data.source=builtin:copy", *FITS, "data.task_examples=1"], "at least 2"),
+        (
+            ["data.source=builtin:copy", *FITS, "data.flipflop_ignore=0.5"],
+            "data.flipflop_ignore: applies to data.source: builtin:flipflop only",
+        ),
+        (
+            [
+                "data.source=builtin:flipflop",
+                "data.task_lengths=4",
+                "data.task_eval_lengths=4",
+                "data.flipflop_ignore=1.0",
+            ],
+            "data.flipflop_ignore: must be in [0, 1)",
+        ),
+        (
+            ["data.source=builtin:flipflop", "data.task_lengths=1-4", "data.task_eval_lengths=4"],
+            "data.task_lengths: flip-flop programs have at least 2 instructions",
+        ),
+        (
+            ["data.source=builtin:flipflop", "data.task_lengths=4", "data.task_eval_lengths=17"],
+            "data.task_eval_lengths: flipflop at length 17 makes examples of 35 tokens",
+        ),
     ],
 )
 def test_bad_task_settings_are_one_line_before_any_data_is_prepared(
@@ -214,3 +268,42 @@ def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
     assert [row["context_length"] for row in runs[0]["extrapolation"]] == [32]  # 1x only
     # The continuations start from a prompt of the task, not from a text it never saw.
     assert runs[0]["continuation"] is not None and "=" in markdown.split("Greedy continuations")[1]
+
+
+FLIPFLOP = {
+    "source": "builtin:flipflop",
+    "mode": "padded",
+    "task_lengths": "8",
+    "task_eval_lengths": "8",
+}
+
+
+def test_flip_flop_is_asked_in_three_splits_by_lm_eval_and_lm_compare(tmp_path, capsys):
+    config = write_config(
+        tmp_path / "ff.yaml",
+        data={**FLIPFLOP, "task_examples": 300, "task_eval_examples": 6},
+        train={"max_steps": 4, "eval_every": 0, "checkpoint_every": 4},
+    )
+    out = tmp_path / "sweep"
+    argv = ["compare", str(config), "--vary", "model.position=rope,none", "--seeds", "1,2"]
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    assert main([*argv, "--set", cache, "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    markdown = (out / "report.md").read_text()
+    assert "## Exact-match accuracy by split" in markdown
+    assert "ignore rates: in-distribution 0.8, sparse 0.98, dense 0.1" in markdown
+    assert "| position | in-distribution | sparse | dense |" in markdown
+    assert (out / "errors_by_split.png").is_file() and not (out / "accuracy_vs_length.png").exists()
+    runs = json.loads((out / "report.json").read_text())["runs"]
+    rows = runs[0]["accuracy"]
+    assert [(r["split"], r["length"], r["trained"]) for r in rows] == [
+        ("in-distribution", 8, True),
+        ("sparse", 8, False),
+        ("dense", 8, False),
+    ]
+    # lm eval prints the same rows, each split named.
+    run = next(p for p in out.rglob("run.json")).parent
+    assert main(["eval", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert "| split | length | exact match | correct | trained |" in printed
+    assert "| sparse | 8 |" in printed and "| in-distribution | 8 |" in printed

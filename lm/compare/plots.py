@@ -109,12 +109,20 @@ def loss_vs_context(curves: Curves, trained: dict[str, int], path: str | Path) -
     return _save(loss_vs_context_figure(curves, trained), path)
 
 
+def _height(groups: int) -> float:
+    """Inches for a one-panel figure whose legend lists ``groups``: past six, each adds room,
+    so that thirteen schemes' legend does not squeeze the curves flat."""
+    return 5.5 + 0.3 * max(0, groups - 6)
+
+
 def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
-    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    fig = Figure(figsize=(8, _height(len(curves))), layout="constrained")
     ax = fig.subplots()
     lengths: set[float] = set()
     shared = len(set(trained.values())) == 1
-    for (group, runs), colour in zip(curves.items(), _colours(len(curves)), strict=True):
+    colours = _colours(len(curves))
+    for i, ((group, runs), colour) in enumerate(zip(curves.items(), colours, strict=True)):
+        style = "-" if i < 10 else "--"  # past tab10's ten colours, the lighter ones dashed too
         order = np.argsort(np.asarray(runs[0][0], dtype=float))
         x = np.asarray(runs[0][0], dtype=float)[order]
         ys = np.array([np.asarray(y, dtype=float)[order] for _, y in runs])  # (seeds, lengths)
@@ -126,7 +134,7 @@ def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
             label += f" ({len(runs)} seeds)"
             low, high = ys.min(axis=0), ys.max(axis=0)
             ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
-        ax.plot(x, mean, color=colour, marker="o", markersize=4, label=label)
+        ax.plot(x, mean, color=colour, linestyle=style, marker="o", markersize=4, label=label)
         if not shared:
             ax.axvline(trained[group], color=colour, linestyle=":", linewidth=1)
     if shared:
@@ -151,7 +159,7 @@ def accuracy_vs_length(curves: Curves, trained: dict[str, range], path: str | Pa
 
 
 def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figure:
-    fig = Figure(figsize=(7, 5.5), layout="constrained")
+    fig = Figure(figsize=(7, _height(len(curves))), layout="constrained")
     ax = fig.subplots()
     for lengths in dict.fromkeys(trained.values()):
         ax.axvspan(lengths[0] - 0.5, lengths[-1] + 0.5, color="grey", alpha=0.15, linewidth=0)
@@ -164,6 +172,38 @@ def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figu
         ylim=(-0.02, 1.02),
     )
     ax.grid(alpha=0.3)
+    _figure_legend(fig, [ax])
+    return fig
+
+
+def accuracy_by_split(curves: dict[str, list[list[float]]], splits: Sequence[str], path) -> Path:
+    """A split task's errors (flip-flop's): for each split, one bar per group, its height the
+    mean error rate over seeds (1 - exact match), each seed a dot on it, so the spread shows."""
+    return _save(accuracy_by_split_figure(curves, splits), path)
+
+
+def accuracy_by_split_figure(curves: dict[str, list[list[float]]], splits: Sequence[str]) -> Figure:
+    """``curves``: per group, each seed's accuracy in every split, in the order of ``splits``."""
+    fig = Figure(figsize=(7, _height(len(curves))), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / max(1, len(curves))
+    for k, ((group, seeds), colour) in enumerate(
+        zip(curves.items(), _colours(len(curves)), strict=True)
+    ):
+        errors = 1.0 - np.array(seeds, dtype=float)  # (seeds, splits)
+        x = np.arange(len(splits)) - 0.4 + width * (k + 0.5)
+        label = group + (f" ({len(seeds)} seeds)" if len(seeds) > 1 else "")
+        ax.bar(x, errors.mean(axis=0), width * 0.9, color=colour, alpha=0.45, label=label)
+        for row in errors:
+            ax.plot(x, row, linestyle="none", marker="o", markersize=3.5, color=colour)
+    ax.set_xticks(np.arange(len(splits)), list(splits))
+    ax.set(
+        xlabel="evaluation split; bars: the mean over seeds, dots: each seed",
+        ylabel="error rate (1 − exact match)",
+        title="Errors by split",
+    )
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, axis="y")
     _figure_legend(fig, [ax])
     return fig
 

@@ -17,6 +17,7 @@ runs, no retraining, so the training table lists them once.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -29,10 +30,13 @@ from lm.config.errors import LMError
 from lm.config.load import config_diff, flatten
 from lm.config.sections import Config
 from lm.config.values import value_text
+from lm.data.tasks import FLIPFLOP_SPLITS
 
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
 ACCURACY_PICTURE = "accuracy_vs_length.png"
 """Drawn too when the runs trained on a generated task."""
+SPLIT_PICTURE = "errors_by_split.png"
+"""Drawn instead for a task asked in splits (flip-flop)."""
 # Keys that differ between runs without being what they compare.
 NOT_COMPARED = ("model.vocab_size", "train.seed")
 # Keys that change how a run is watched, saved or placed, not what it learns: the labels leave
@@ -140,10 +144,18 @@ def labels(configs: list[Config]) -> tuple[str, list[str]]:
         return "run", ["same config"] * len(configs)
     if len(varied) == 1:
         return varied[0].split(".")[-1], [value_text(f[varied[0]]) for f in flat]
-    names = [k.split(".")[-1] for k in varied]
+    # Several keys: each run names the key of most values, and another key only where it
+    # leaves the value most runs share (stick-breaking is "position=none,
+    # normalize=stick_breaking"; the softmax runs say nothing of normalize).
+    texts = {k: [value_text(f[k]) for f in flat] for k in varied}
+    lead = max(varied, key=lambda k: len(set(texts[k])))
+    usual = {}
+    for k in varied:
+        value, n = collections.Counter(texts[k]).most_common(1)[0]
+        usual[k] = value if k != lead and n > len(flat) / 2 else None  # no majority: all name it
     return "runs", [
-        ", ".join(f"{n}={value_text(f[k])}" for n, k in zip(names, varied, strict=True))
-        for f in flat
+        ", ".join(f"{k.split('.')[-1]}={texts[k][i]}" for k in varied if texts[k][i] != usual[k])
+        for i in range(len(flat))
     ]
 
 
@@ -296,7 +308,22 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     else:
         plots.loss_vs_context(extrapolation, trained, context)
     tasks = {label: runs for label, runs in groups.items() if runs[0].accuracy is not None}
-    if tasks:
+    if tasks and "split" in next(iter(tasks.values()))[0].accuracy[0]:
+        bins = _accuracy_bins([r for runs in tasks.values() for r in runs])
+        seeds = {
+            label: [
+                [
+                    statistics.mean(row["accuracy"] for row in r.accuracy if _key(row) in keys)
+                    if any(_key(row) in keys for row in r.accuracy)
+                    else math.nan
+                    for _, keys in bins
+                ]
+                for r in runs
+            ]
+            for label, runs in tasks.items()
+        }
+        plots.accuracy_by_split(seeds, [name for name, _ in bins], out_dir / SPLIT_PICTURE)
+    elif tasks:
         curves = {
             label: [
                 ([row["length"] for row in r.accuracy], [row["accuracy"] for row in r.accuracy])
@@ -319,11 +346,20 @@ def _trained_lengths(result: RunResult) -> range:
     return range(lengths[0], lengths[-1] + 1) if lengths else range(0)
 
 
-def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[int]]]:
+def _key(row: dict[str, Any]) -> tuple[str | None, int]:
+    """What an accuracy row measured: its split (flip-flop's, else None) and its length."""
+    return row.get("split"), row["length"]
+
+
+def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[tuple[str | None, int]]]]:
     """The accuracy table's columns, over every length any run was asked at: the first run's
     trained lengths, the longer ones in up to four bins of consecutive lengths, and every
-    unseen length together."""
+    unseen length together. Flip-flop's: one column per split (and length, if several)."""
     first = next(r for r in results if r.accuracy is not None)
+    if "split" in first.accuracy[0]:
+        asked = list(dict.fromkeys(_key(row) for r in results for row in r.accuracy or []))
+        several = len({length for _, length in asked}) > 1
+        return [(f"{s} @ {n}" if several else str(s), [(s, n)]) for s, n in asked]
     asked = sorted({row["length"] for r in results for row in r.accuracy or []})
     trained = [row["length"] for row in first.accuracy if row["trained"]]
     unseen = [n for n in asked if n not in trained]
@@ -336,7 +372,7 @@ def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[int]]]:
     bins += [(_span(above[i : i + size]), above[i : i + size]) for i in range(0, len(above), size)]
     if unseen and len(bins) > 2:
         bins.append(("all unseen", unseen))
-    return bins
+    return [(name, [(None, n) for n in lengths]) for name, lengths in bins]
 
 
 def _span(lengths: list[int]) -> str:
@@ -354,14 +390,14 @@ def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str
         if runs[0].accuracy is None:
             continue
         cells = [_cell(label)]
-        for _, lengths in bins:
+        for _, keys in bins:
             means = []
             for r in runs:
-                found = [row["accuracy"] for row in r.accuracy if row["length"] in lengths]
+                found = [row["accuracy"] for row in r.accuracy if _key(row) in keys]
                 means.append(statistics.mean(found) if found else None)
             cells.append(_mean_std(means, ".1%"))
         lines.append("| " + " | ".join(cells) + " |")
-    layouts = {tuple((row["length"], row["trained"]) for row in r.accuracy) for r in runs_of}
+    layouts = {tuple((*_key(row), row["trained"]) for row in r.accuracy) for r in runs_of}
     if len(layouts) > 1:
         lines += [
             "",
@@ -454,19 +490,37 @@ def render(
     if any(r.accuracy is not None for r in results):
         first = next(r for r in results if r.accuracy is not None)
         examples = first.accuracy[0]["examples"]
-        accuracy = [
-            "## Exact-match accuracy by length",
-            "",
-            f"Each run answers {examples} prompts of the task at every length greedily "
-            "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only if "
-            "every token and the end of the document are right. A cell is the mean accuracy "
-            "over its lengths, mean ± std over seeds; report.json has every length.",
-            "",
-            *_accuracy_table(g.header, g.trained),
-            "",
-            f"![accuracy against length]({ACCURACY_PICTURE})",
-            "",
-        ]
+        if "split" in first.accuracy[0]:
+            rates = ", ".join(
+                f"{name} {first.config.data.flipflop_ignore if rate is None else rate}"
+                for name, rate in FLIPFLOP_SPLITS
+            )
+            accuracy = [
+                "## Exact-match accuracy by split",
+                "",
+                f"Each run reads the memory of {examples} flip-flop programs per split "
+                f"greedily (`lm.evaluate.task_accuracy`, the code behind `lm eval`); the splits' "
+                f"ignore rates: {rates}. A cell is the accuracy, mean ± std over seeds.",
+                "",
+                *_accuracy_table(g.header, g.trained),
+                "",
+                f"![errors by split]({SPLIT_PICTURE})",
+                "",
+            ]
+        else:
+            accuracy = [
+                "## Exact-match accuracy by length",
+                "",
+                f"Each run answers {examples} prompts of the task at every length greedily "
+                "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only "
+                "if every token and the end of the document are right. A cell is the mean "
+                "accuracy over its lengths, mean ± std over seeds; report.json has every length.",
+                "",
+                *_accuracy_table(g.header, g.trained),
+                "",
+                f"![accuracy against length]({ACCURACY_PICTURE})",
+                "",
+            ]
     lines = [
         f"# {_title(g.header, [r.config for r in results])}",
         "",

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -139,9 +140,26 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         settings = [parse_rope_scaling(value, f"--vary {key}") for value in texts]
         _refuse_repeats(key, texts, settings)
         return key, texts
-    parse_overrides([f"{key}={v}" for v in texts], flag="--vary")  # the key, and each value
-    _refuse_repeats(key, texts, [parse_value(v, f"--vary {key}") for v in texts])
+    settings = [value_settings(key, v) for v in texts]
+    parse_overrides([s for each in settings for s in each], flag="--vary")  # keys and values
+    parsed = [[parse_value(s.split("=", 1)[1], f"--vary {key}") for s in each] for each in settings]
+    _refuse_repeats(key, texts, parsed)
     return key, texts
+
+
+_EXTRA = re.compile(r"\+(?=[A-Za-z_]+\.[A-Za-z_]+=)")
+"""A ``+`` that starts another setting of the same run: ``+model.normalize=stick_breaking``."""
+
+
+def value_settings(key: str, text: str) -> list[str]:
+    """The ``--set`` settings of one ``--vary`` value: ``KEY=VALUE``, then any settings it joins
+    with ``+`` (``none+model.normalize=stick_breaking`` is position none with stick-breaking),
+    so that one sweep compares schemes that are more than one key."""
+    value, *extras = _EXTRA.split(text)
+    for extra in extras:
+        if extra.split("=", 1)[0].strip() == key:
+            raise ConfigError(f"--vary {key}: {text!r} sets {key} twice")
+    return [f"{key}={value}", *extras]
 
 
 def _refuse_repeats(key: str, texts: list[str], settings: list[Any]) -> None:
@@ -185,6 +203,7 @@ def _run_dir(out_dir: Path, key: str | None, value: str | None, seed: int) -> Pa
     if key is None or value is None:  # one config, only its seeds
         return out_dir / f"seed{seed}"
     # A path-like value must not become nested folders, nor a list a shell pattern ([a,b]).
+    value = re.sub(r"\+[A-Za-z_]+\.(?=[A-Za-z_]+=)", "+", value)  # +model.normalize= -> +normalize=
     safe = value.replace("/", "_").replace("[", "").replace("]", "").replace(" ", "")
     safe = safe.replace('"', "").replace("'", "")
     return out_dir / f"{key.split('.')[-1]}={safe}" / f"seed{seed}"
@@ -253,7 +272,9 @@ def run_sweep(
     if seeds is None:
         seeds = [base.train.seed]
     device = resolve_device(base.train.device, "train.device")
-    settings = [(v, [f"{vary_key}={v}"]) for v in values or []] if vary_key else [(None, [])]
+    settings = (
+        [(v, value_settings(vary_key, v)) for v in values or []] if vary_key else [(None, [])]
+    )
     plan = [
         (_run_dir(out_dir, vary_key, value, seed), [*overrides, *setting, f"train.seed={seed}"])
         for value, setting in settings
@@ -405,7 +426,8 @@ def _task_prompt(run_dir: Path) -> str | None:
     task = task_of(data.source)
     if task is None:
         return None
-    return evaluation_examples(task, data.task_ranges()[0][-1], 1, data.seed)[0][0]
+    length = data.task_ranges()[0][-1]
+    return evaluation_examples(task, length, 1, data.seed, data.flipflop_ignore)[0][0]
 
 
 def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
@@ -504,7 +526,7 @@ def compare(
             )
         key, values = training if training is not None else (None, None)
         if rope_scalings is not None:  # refused before any training, not after it
-            settings = [[f"{key}={v}"] for v in values or []] if key else [[]]
+            settings = [value_settings(key, v) for v in values or []] if key else [[]]
             configs = [load_config(paths[0], [*(overrides or []), *s]) for s in settings]
             _check_rope(c.model.layer_positions for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT

@@ -54,7 +54,7 @@ SPLIT_BY = ("file", "line", "paragraph")
 VAL_SPLITS = ("tail", "random")
 BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
 
-TASKS = ("copy", "reverse", "addition")
+TASKS = ("copy", "reverse", "addition", "flipflop")
 """The generated tasks (``lm.data.tasks``)."""
 
 BUILTINS = ("python-docs", *TASKS)
@@ -79,4 +79,6 @@ def task_tokens(task: str, length: int) -> int:
     carry one more digit). The config checks with it that examples fit the context."""
     if task == "addition":
         return (2 * length + 2) + (length + 1) + 1  # a+b= then the sum then <eod>
+    if task == "flipflop":
+        return 2 * length + 1  # length instructions of two characters, then <eod>
     return (length + 1) + length + 1

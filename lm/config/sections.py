@@ -401,7 +401,7 @@ class DataConfig:
 
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
-    a generated task: builtin:copy | builtin:reverse | builtin:addition (lm/data/tasks.py)."""
+    a generated task: builtin:copy | reverse | addition | flipflop (lm/data/tasks.py)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -436,7 +436,10 @@ class DataConfig:
     task_examples: int = 20000
     """builtin tasks: training examples generated (val_fraction of them held out)."""
     task_eval_examples: int = 100
-    """builtin tasks: examples per evaluation length."""
+    """builtin tasks: examples per evaluation length (per length and split for flipflop)."""
+    flipflop_ignore: float = 0.8
+    """builtin:flipflop: the probability that an instruction between the first write and the
+    last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
@@ -470,19 +473,32 @@ class DataConfig:
             known = ", ".join(f"builtin:{b}" for b in BUILTINS)
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
         keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
-        if task_of(source) is None:
+        task = task_of(source)
+        if task != "flipflop" and self.flipflop_ignore != DataConfig.flipflop_ignore:
+            raise ConfigError("data.flipflop_ignore: applies to data.source: builtin:flipflop only")
+        if task is None:
             for key in keys:
                 if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
                     tasks = ", ".join(f"builtin:{t}" for t in TASKS)
                     raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
             return
+        if not 0.0 <= self.flipflop_ignore < 1.0:
+            raise ConfigError(
+                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
+                f"got {self.flipflop_ignore!r}"
+            )
         _positive("data", self, "task_eval_examples")
         if self.task_examples < 2:
             raise ConfigError(
                 f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
                 "validate on)"
             )
-        self.task_ranges()
+        for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
+            if task == "flipflop" and lengths[0] < 2:
+                raise ConfigError(
+                    f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
+                    f"then a read), got {getattr(self, key)!r}"
+                )
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""

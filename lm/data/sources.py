@@ -223,6 +223,8 @@ def _resolve_source(cfg: DataConfig) -> _Source:
         name = source.removeprefix("builtin:")
         if name in TASKS:
             settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
+            if name == "flipflop":
+                settings["ignore"] = cfg.flipflop_ignore
             return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
         # The help topics change with the Python release that ships them.
         return _Source("builtin", {"builtin": name, "python": platform.python_version()})
@@ -283,7 +285,9 @@ def _load_documents(
 
     if source.kind == "task":
         task = task_of(cfg.source)
-        pairs = training_examples(task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed)
+        pairs = training_examples(
+            task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed, cfg.flipflop_ignore
+        )
         pairs = pairs[: cfg.max_documents]
         prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
         text = [p + a for p, a in pairs]
