@@ -308,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("hf_dir", help="a folder with config.json, model.safetensors, tokenizer.json")
     i.add_argument("--out", required=True, help="the run directory to write")
     i.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")
+
+    h = sub.add_parser(
+        "choices",
+        help="what train.dtype: auto measured on this machine, and where it is kept",
+    )
+    h.add_argument("--clear", action="store_true", help="forget every measured choice")
     return parser
 
 
@@ -544,6 +550,30 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_choices(args: argparse.Namespace) -> int:
+    import json
+
+    from lm.runtime import choices
+
+    path = choices.cache_file()
+    if args.clear:
+        print(f"lm: forgot {choices.clear()} measured choice(s) in {path}", file=sys.stderr)
+        return 0
+    entries = choices.read()
+    print(f"lm: {len(entries)} measured choice(s) in {path}", file=sys.stderr)
+    for key, kept in entries.items():
+        what = json.loads(key)
+        model = what.get("model", {})
+        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
+        print(
+            f"{what.get('kind')}: {kept.get('value')} ({timings}; measured {kept.get('measured')}) "
+            f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
+            f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
+            f"threads={what.get('threads')} on {what.get('cpu')}, torch {what.get('torch')}"
+        )
+    return 0
+
+
 COMMANDS = {
     "train": _cmd_train,
     "sample": _cmd_sample,
@@ -553,6 +583,7 @@ COMMANDS = {
     "positions": _cmd_positions,
     "export": _cmd_export,
     "import": _cmd_import,
+    "choices": _cmd_choices,
 }
 
 

@@ -397,7 +397,14 @@ def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, c
         "kernel": "math",  # a learned bias trains through the notes' formula on CPU
         "threads": cores,
         "compile": False,
+        # auto is not timed in the test suite (LM_TUNE=off): the fallback, and why
+        "dtype_choice": {
+            "value": {"float32": "fp32", "bfloat16": "bf16"}[str(dtype).removeprefix("torch.")],
+            "how": "fallback",
+            "why": ran["dtype_choice"]["why"],
+        },
     }
+    assert ran["dtype_choice"]["why"] in ("LM_TUNE=off", "no bf16 instructions on this CPU: fp32")
     assert "dtype: auto" in (tmp_path / "run" / "config.yaml").read_text()  # as given
     resumed = tiny_config(model={"position": "t5"}, train={"max_steps": 4, "threads": 1})
     train(resumed, tmp_path / "run", resume=True, quiet=True)

@@ -47,6 +47,7 @@ from lm.data.tasks import evaluation_examples
 from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
 from lm.runs.checkpoint import latest_checkpoint, read_state
 from lm.runs.directory import CONFIG, METRICS, TOKENIZER, check_out_dir
+from lm.runtime import choices
 from lm.runtime.device import resolve_device
 from lm.sample import generate
 from lm.training.loop import train
@@ -288,6 +289,24 @@ def run_sweep(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
+    # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
+    # disturb: one at a time or --jobs N, every run trains the same numbers.
+    with choices.fixed():
+        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log)
+    return [run_dir for run_dir, _ in plan]
+
+
+def _train_plan(
+    plan: list[tuple[Path, list[str]]],
+    configs: list[Config],
+    config_path: str | Path,
+    jobs: int,
+    base: Config,
+    device: torch.device,
+    quiet: bool,
+    log: Callable[[str], None],
+) -> None:
+    """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs."""
     waiting = []
     for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
@@ -330,7 +349,6 @@ def run_sweep(
         divide = device.type == "cpu" and base.train.threads is None
         cores = torch.get_num_threads() if divide else None
         run_jobs([job for job, _ in waiting], jobs, gpus, log, cores)
-    return [run_dir for run_dir, _ in plan]
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:

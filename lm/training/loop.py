@@ -42,7 +42,17 @@ from lm.runs.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lm.runs.directory import CONFIG, METRICS, TOKENIZER, RunLock, refuse_overlap, write_run_record
+from lm.runs.directory import (
+    CONFIG,
+    METRICS,
+    PROVENANCE,
+    TOKENIZER,
+    RunLock,
+    refuse_overlap,
+    write_run_record,
+)
+from lm.runtime import choices
+from lm.runtime.choices import Choice
 from lm.runtime.device import autocast_context, compile_enabled, resolve_device, resolve_dtype
 from lm.runtime.distributed import (
     World,
@@ -70,6 +80,7 @@ from lm.training.setup import (
     with_vocab,
 )
 from lm.training.step import LoopState, Stepper, nonfinite_message
+from lm.training.tune import training_dtype
 
 
 @dataclass
@@ -154,6 +165,7 @@ class _Net:
     stepper: Stepper
     batches: TrainBatches
     dtype: torch.dtype  # autocast's (float32: none)
+    dtype_choice: Choice | None = None  # how train.dtype: auto chose it (None: the config said)
 
 
 def _join(config: Config) -> tuple[torch.device, World]:
@@ -237,7 +249,8 @@ def _build(run: _Run) -> _Net:
     raw_model = TransformerLM(run.config.model).to(device)
     if run.init_from is not None:
         init_weights_from(raw_model, run.init_from, data.tokenizer)
-    dtype = resolve_dtype(tc.dtype, device, run.config.model)
+    trained = _trained_dtype(run.run_dir) if run.checkpoint is not None else None
+    dtype, dtype_choice = training_dtype(run.config, device, world.size, trained)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model = wrap_model(raw_model, tc, world, device, dtype)
     optimizer = build_optimizer(raw_model, tc, device)  # after sharding: on the shards
@@ -265,7 +278,30 @@ def _build(run: _Run) -> _Net:
             f"lm: note: model.kernel: flex has no backward pass on {device.type} in this "
             "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
-    return _Net(raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype)
+    if dtype_choice is not None and dtype_choice.how in ("measured", "cached"):
+        timings = ", ".join(f"{k} {v:.0f} ms" for k, v in dtype_choice.ms_per_step.items())
+        when = "measured now" if dtype_choice.how == "measured" else "measured earlier"
+        run.log(
+            f"lm: train.dtype auto: {dtype_choice.value}, {when} on this machine ({timings} "
+            f"a step; kept in {choices.cache_file()}, lm choices --clear forgets it)"
+        )
+    return _Net(
+        raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype,
+        dtype_choice,
+    )  # fmt: skip
+
+
+def _trained_dtype(run_dir: Path) -> str | None:
+    """The autocast dtype run.json says the run last trained with (its latest resume's, else
+    its start's), or None where it does not say."""
+    try:
+        record = json.loads((run_dir / PROVENANCE).read_text(encoding="utf-8"))
+        resumes = record.get("resumes", [])
+        sittings = [record.get("ran") or {}, *(r.get("ran") or {} for r in resumes)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+    said = [s.get("dtype") for s in sittings if isinstance(s, dict) and s.get("dtype")]
+    return said[-1] if said else None
 
 
 def _threads(asked: int | None, default: int, world: World, quiet: bool) -> int:
@@ -294,6 +330,7 @@ def _ran(run: _Run, net: _Net) -> dict[str, Any]:
     return {
         "device": str(run.device),
         "dtype": str(net.dtype).removeprefix("torch."),
+        **({"dtype_choice": net.dtype_choice.record()} if net.dtype_choice else {}),
         "kernel": plan.kernel,
         "threads": torch.get_num_threads(),
         "compile": compile_enabled(run.config.train.compile, run.device),
