@@ -559,7 +559,9 @@ class TrainConfig:
     device: str = "auto"
     """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
     dtype: str = "auto"
-    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler)."""
+    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler). auto: on a CPU, the
+    faster of fp32 and bf16 for this run's shape, timed once on this machine (lm choices);
+    on a GPU bf16 where supported, else fp16."""
     threads: int | None = None
     """CPU threads of this run's math; default: torch's (the cores). The numbers do not depend
     on it: a run on one thread equals the same run on two, bit for bit (fp32)."""
