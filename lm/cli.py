@@ -95,6 +95,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _jobs(text: str) -> int | str:
+    """``--jobs``: a count of 1 or more, or ``auto``."""
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        message = f"{text!r} is not a count of 1 or more, nor auto"
+        raise argparse.ArgumentTypeError(message) from None
+
+
 def _seeds(text: str) -> list[int]:
     values = _int_list(text)
     if len(set(values)) != len(values):
@@ -246,10 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--jobs",
-        type=positive_int,
+        type=_jobs,
         default=1,
         help="runs trained at once, each in its own process (default 1): on CPU the cores are "
-        "divided between them (train.threads), on GPUs they go round-robin over the devices",
+        "divided between them (train.threads), on GPUs they go round-robin over the devices; "
+        "auto: one per core where a measured step says side by side pays here, else 1 (one "
+        "per GPU)",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
@@ -569,7 +582,8 @@ def _cmd_choices(args: argparse.Namespace) -> int:
             f"{what.get('kind')}: {kept.get('value')} ({timings}; measured {kept.get('measured')}) "
             f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
             f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
-            f"threads={what.get('threads')} on {what.get('cpu')}, torch {what.get('torch')}"
+            + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
+            + f" on {what.get('cpu')}, torch {what.get('torch')}"
         )
     return 0
 

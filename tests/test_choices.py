@@ -4,6 +4,7 @@ recorded in run.json, shown and forgotten by ``lm choices``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -135,3 +136,42 @@ def test_lm_choices_shows_the_cache_and_forgets_it(capsys):
     assert main(["choices", "--clear"]) == 0
     assert "forgot 1 measured choice(s)" in capsys.readouterr().err
     assert choices.read() == {}
+
+
+def test_jobs_auto_takes_a_job_per_core_only_where_side_by_side_pays(monkeypatch):
+    import lm.compare.side_by_side as sbs
+
+    cfg = tiny_config(model={"vocab_size": 40})
+    device = torch.device("cpu")
+    # Measuring off (the suite), or one core: one job, saying why.
+    assert sbs.auto_jobs(cfg, device, 2)[0] == 1
+    assert sbs.auto_jobs(cfg, device, 2)[1].why == "LM_TUNE=off"
+    monkeypatch.setenv("LM_TUNE", "on")
+    assert sbs.auto_jobs(cfg, device, 1)[1].why == "one thread to divide"
+    # Measured: two one-thread runs at once against one run on both cores.
+    timings = {"one": 0.020, "together": 0.015}
+    monkeypatch.setattr(sbs, "_one", lambda m, micro, cores: timings["one"])
+    monkeypatch.setattr(sbs, "_together", lambda m, micro, cores: timings["together"])
+    n, choice = sbs.auto_jobs(cfg, device, 2)
+    assert (n, choice.how, choice.ms_per_step) == (2, "measured", {"1": 20.0, "2": 15.0})
+    timings["together"] = 0.019  # a gain within drift no longer pays; but the answer is kept
+    assert sbs.auto_jobs(cfg, device, 2)[1].how == "cached"
+    choices.clear()
+    assert sbs.auto_jobs(cfg, device, 2)[0] == 1
+    wider = tiny_config(model={"vocab_size": 40, "d_model": 64})
+    timings["together"] = 0.010
+    assert sbs.auto_jobs(wider, device, 2)[1].how == "measured"  # another shape, measured anew
+
+
+def test_lm_compare_jobs_auto_says_what_it_decided(tmp_path, capsys):
+    from _support import write_config
+
+    cfg = write_config(tmp_path / "tiny.yaml", train={"max_steps": 2, "eval_every": 0})
+    cache = f"data.cache_dir={tmp_path / 'cache'}"
+    argv = ["compare", str(cfg), "--vary", "model.position=rope,none", "--set", cache]
+    assert main([*argv, "--jobs", "auto", "--out", str(tmp_path / "s")]) == 0
+    err = capsys.readouterr().err  # a test worker has one thread: either reason says 1
+    assert re.search(r"compare: --jobs auto: 1 \((LM_TUNE=off|one thread to divide)\)", err)
+    with pytest.raises(SystemExit):
+        main([*argv, "--jobs", "some", "--out", str(tmp_path / "t")])
+    assert "'some' is not a count of 1 or more, nor auto" in capsys.readouterr().err

@@ -37,6 +37,7 @@ import torch
 
 from lm.compare.jobs import Job, run_jobs
 from lm.compare.report import RunResult, write_report
+from lm.compare.side_by_side import auto_jobs
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
 from lm.config.names import task_of
@@ -255,7 +256,7 @@ def run_sweep(
     out_dir: str | Path = DEFAULT_OUT,
     quiet: bool = False,
     evaluation: Evaluation = Evaluation(),
-    jobs: int = 1,
+    jobs: int | str = 1,
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
@@ -288,12 +289,36 @@ def run_sweep(
         _refuse_shared_folders(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
+    if jobs == "auto":
+        jobs = _auto_jobs(configs[0], device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
     # disturb: one at a time or --jobs N, every run trains the same numbers.
     with choices.fixed():
         _train_plan(plan, configs, config_path, jobs, base, device, quiet, log)
     return [run_dir for run_dir, _ in plan]
+
+
+def _auto_jobs(config: Config, device: torch.device, log: Callable[[str], None]) -> int:
+    """``--jobs auto``: the runs to train at once, decided for the sweep's first config by
+    :func:`lm.compare.side_by_side.auto_jobs` (its data prepared first: the model's vocabulary
+    is the tokenizer's), and said in one line."""
+    data = prepare_data(config.data, log=None)
+    vocab = data.tokenizer.vocab_size
+    sized = config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
+    cores = torch.get_num_threads()
+    n, choice = auto_jobs(sized, device, cores)
+    if choice.ms_per_step:
+        when = "measured now" if choice.how == "measured" else "measured earlier"
+        one, many = choice.ms_per_step["1"], choice.ms_per_step[str(cores)]
+        log(
+            f"compare: --jobs auto: {n} ({cores} one-thread runs at once take {many:.0f} ms a "
+            f"step together, one run on {cores} threads {one:.0f} ms; {when} on this machine, "
+            f"kept in {choices.cache_file()})"
+        )
+    else:
+        log(f"compare: --jobs auto: {n} ({choice.why})")
+    return n
 
 
 def _train_plan(
@@ -513,7 +538,7 @@ def compare(
     prompt: str | None = None,
     max_new_tokens: int | None = None,
     device: str = "cpu",
-    jobs: int = 1,
+    jobs: int | str = 1,
 ) -> str:
     """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
     of runs that exist (run folders, or folders holding them). Returns the Markdown.

@@ -137,15 +137,16 @@ def choose(
     context: dict[str, Any],
     candidates: dict[str, Callable[[], float]],
     prefer: Callable[[dict[str, float]], str],
+    measure: Callable[[dict[str, Callable[[], float]]], dict[str, float]] | None = None,
 ) -> Choice:
     """The kept choice of ``kind`` for ``context`` on this machine, or a new measurement:
     each of ``candidates`` (name -> a function timing one step, in seconds) is timed in turn,
-    interleaved, and ``prefer`` picks from their median milliseconds per step."""
+    interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step."""
     k = key(kind, context)
     kept = read().get(k)
     if kept and kept.get("value") in candidates:
         return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
-    ms = measure(candidates)
+    ms = (measure or interleaved)(candidates)
     value = prefer(ms)
     entries = read()
     entries[k] = {
@@ -157,7 +158,7 @@ def choose(
     return Choice(value, "measured", ms)
 
 
-def measure(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:
+def interleaved(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:
     """Median milliseconds per step of each candidate: one warm-up step each, then ``rounds``
     rounds of one step of every candidate in turn, so that a machine slowing down slows them
     all alike. A warm-up step over a second makes it one round (a big model: seconds count)."""
