@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import sys
@@ -116,6 +117,7 @@ def train(
     device, world = _join(config)
     lock = RunLock(run_dir)
     threads = torch.get_num_threads()  # this run's own count, given back afterwards
+    net = state = None
     try:
         torch.set_num_threads(_threads(config.train.threads, threads, world, quiet))
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
@@ -131,6 +133,11 @@ def train(
     finally:
         torch.set_num_threads(threads)
         lock.release()
+        # The model goes before the process group: DDP's reducer holds the group, and a group
+        # freed last, by the reducer, joins Gloo's threads after the other process has gone
+        # (a hang seen at exit under load).
+        net = state = None
+        gc.collect()
         close_world(world)
 
 
