@@ -15,15 +15,13 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from lm.config.sections import Config, ModelConfig
-from lm.model.transformer import TransformerLM
 from lm.runtime import choices
+from lm.training.tune import training_step
 
 GAIN = 0.9
 """Side by side is chosen where the jobs' time per step, together, is at most this fraction of
@@ -70,21 +68,11 @@ def _measure(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
 
 
 def _steps(model_config: ModelConfig, micro: int, threads: int) -> float:
-    """The median seconds of a forward and backward step of the model on ``threads`` threads,
-    after a warm-up, with random tokens (the caller's generators untouched)."""
+    """The median seconds of a training step (``lm.training.tune.training_step``) on
+    ``threads`` threads, after a warm-up."""
     torch.set_num_threads(threads)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = TransformerLM(model_config)
-        ids = torch.randint(0, model_config.vocab_size, (micro, model_config.context_length + 1))
-    times = []
-    for _ in range(STEPS + 1):
-        start = time.perf_counter()
-        logits = model(ids[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
-        model.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:])
+    step = choices.timed(training_step(model_config, micro))
+    return statistics.median([step() for _ in range(STEPS + 1)][1:])
 
 
 def _one(model_config: ModelConfig, micro: int, cores: int) -> float:

@@ -53,6 +53,15 @@ def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> 
             raise ConfigError(f"{section}.{name}: must be {bound}, got {shown(value)}")
 
 
+def _per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
+    """A setting per layer: one value for all, or a list, one ending in ``...`` repeated to
+    ``n_layer`` (the config checked that it divides)."""
+    if not isinstance(value, list):
+        return (value,) * n_layer
+    items = [v for v in value if v != "..."]
+    return tuple(items * (n_layer // len(items)))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The network: a decoder-only transformer as in the notes."""
@@ -337,10 +346,7 @@ class ModelConfig:
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's window, ``n_layer`` of them (None: every key)."""
-        if not isinstance(self.window, list):
-            return (self.window,) * self.n_layer
-        items = [w for w in self.window if w != "..."]
-        return tuple(items * (self.n_layer // len(items)))
+        return _per_layer(self.window, self.n_layer)
 
     @property
     def cope_positions(self) -> int:
@@ -355,10 +361,7 @@ class ModelConfig:
     @property
     def layer_positions(self) -> tuple[str, ...]:
         """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
-        if isinstance(self.position, str):
-            return (self.position,) * self.n_layer
-        names = [name for name in self.position if name != "..."]
-        return tuple(names * (self.n_layer // len(names)))
+        return _per_layer(self.position, self.n_layer)
 
     @property
     def position_range(self) -> int:

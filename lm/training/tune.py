@@ -17,11 +17,12 @@ never faster), and with ``LM_TUNE=off``.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from lm.config.sections import Config
+from lm.config.sections import Config, ModelConfig
 from lm.model.transformer import TransformerLM
 from lm.runtime import choices
 from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
@@ -85,25 +86,29 @@ def _context(config: Config, processes: int) -> dict:
 
 
 def _steps(config: Config) -> dict:
-    """One timed training step (forward, loss, backward) per candidate dtype, on a copy of the
-    run's model with random tokens. The random number generators are left as they were: the
-    run's own initialisation and batches do not depend on whether this ran."""
-    m, t = config.model, config.train
-    micro = t.batch_size // t.accumulation(1)
+    """One timed training step per candidate dtype, on a copy of the run's model."""
+    step = training_step(config.model, config.train.batch_size // config.train.accumulation(1))
+    return {name: choices.timed(lambda d=dtype: step(d)) for name, dtype in DTYPES.items()}
+
+
+def training_step(model: ModelConfig, micro: int) -> Callable[[torch.dtype], None]:
+    """A forward, loss and backward pass of a fresh model of this shape on random tokens, in
+    the given autocast dtype: what the measured choices time. The random number generators are
+    left as they were: a run's own initialisation and batches do not depend on whether this
+    ran."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = TransformerLM(m)
-        ids = torch.randint(0, m.vocab_size, (micro, m.context_length + 1))
+        net = TransformerLM(model)
+        ids = torch.randint(0, model.vocab_size, (micro, model.context_length + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
 
-    def step(dtype: torch.dtype) -> None:
+    def step(dtype: torch.dtype = torch.float32) -> None:
         with autocast_context(torch.device("cpu"), dtype):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+            logits = net(inputs)
+        F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+        net.zero_grad(set_to_none=True)
 
-    return {name: choices.timed(lambda d=dtype: step(d)) for name, dtype in DTYPES.items()}
+    return step
 
 
 def _prefer(ms: dict[str, float]) -> str:
