@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     group.add_argument("--overwrite", action="store_true", help="discard the run and start again")
     t.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    # lm compare's jobs: once trained, measure the run as the sweep's report will.
+    t.add_argument("--measure", metavar="SPEC", help=argparse.SUPPRESS)
     t.add_argument(
         "--init-from",
         metavar="RUN_DIR",
@@ -346,6 +348,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
         _say(f"lm: {result.message}", alike=True, code=code)
+    if code == 0 and args.measure is not None:
+        from lm.compare.measure import measure_job
+
+        if args.out is None:
+            raise LMError("--measure: give the run's --out")
+        measure_job(Path(args.out), args.measure)
     return code
 
 

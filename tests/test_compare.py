@@ -17,6 +17,7 @@ from PIL import Image
 
 from lm.cli import main
 from lm.compare.diagnostics import draw_attention, draw_score_by_offset
+from lm.compare.measure import MEASURED
 from lm.config.load import load_config
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
@@ -402,3 +403,34 @@ def test_a_vary_value_joins_other_settings_of_its_runs_with_a_plus(tmp_path, cap
         argv = ["compare", str(cfg), "--vary", f"model.position={values}", "--set", cache]
         expect_error(capsys, [*argv, "--out", str(bad)], message)
         assert not bad.exists()
+
+
+def test_a_report_reads_back_what_was_measured_with_the_same_settings(sweep, tmp_path, capsys):
+    """Each run keeps its measurement (measured.json) under the settings and checkpoint that
+    made it: a rebuild with the same ones reads it back, other settings, another checkpoint or
+    a damaged file measure anew, and the report is the same report either way."""
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep.out, out)
+    rope = out / "position=rope" / "seed1"
+    kept = (rope / MEASURED).read_text()
+    capsys.readouterr()
+    assert main(["compare", str(out)]) == 0
+    said = capsys.readouterr().err
+    assert "evaluating" not in said and "2 of 2 measurement(s) read back" in said
+    assert (rope / MEASURED).read_text() == kept
+    report = (out / "report.json").read_text()
+
+    (rope / MEASURED).write_text("{not json")  # damaged: measured again, the same numbers
+    assert main(["compare", str(out)]) == 0
+    said = capsys.readouterr().err
+    assert f"evaluating {rope}" in said and "1 of 2 measurement(s) read back" in said
+    assert (out / "report.json").read_text() == report
+
+    assert main(["compare", str(out), "--max-new-tokens", "3"]) == 0  # another setting
+    assert "0 of 2" not in capsys.readouterr().err
+    assert len(json.loads((rope / MEASURED).read_text())["entries"]) == 2
+
+    checkpoint = latest_checkpoint(rope) / "model.safetensors"
+    checkpoint.write_bytes(checkpoint.read_bytes())  # another checkpoint file: measured anew
+    assert main(["compare", str(out), "--max-new-tokens", "3"]) == 0
+    assert f"evaluating {rope}" in capsys.readouterr().err

@@ -194,10 +194,12 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def _flags(parser: argparse.ArgumentParser) -> set[str]:
+    """A command's flags, but for the hidden ones lm passes itself (lm compare's jobs)."""
     return {
         flag
         for action in parser._actions
         if not isinstance(action, argparse._SubParsersAction)
+        and action.help != argparse.SUPPRESS
         for flag in action.option_strings
         if flag.startswith("--") and flag != "--help"
     }

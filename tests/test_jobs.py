@@ -17,6 +17,7 @@ from _support import assert_same_weights, losses, metrics, write_config
 
 from lm.cli import main
 from lm.compare.jobs import Job, job_threads
+from lm.compare.measure import MEASURED
 from lm.runs.checkpoint import latest_checkpoint
 
 SCHEMES = ("rope", "alibi", "learned")
@@ -141,3 +142,27 @@ def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(swee
     healthy = out / "lr=3e-3" / "seed7"
     step = int(latest_checkpoint(healthy).name.removeprefix("step_"))
     assert 0 < step < 400  # stopped early, with a checkpoint to resume from
+
+
+def test_each_job_measures_its_run_and_the_report_equals_one_measured_alone(sweeps):
+    """The jobs measure their runs for the report as soon as each is trained, on the job's own
+    threads; the report reads those back, and its numbers are the ones measured in one process
+    on every core."""
+    root = sweeps[0]
+    for scheme in SCHEMES:
+        job = root / "jobs" / f"position={scheme}" / "seed7"
+        trained_on = yaml.safe_load((job / "config.yaml").read_text())["train"]["threads"]
+        # In its job, on the threads it trained on; by the report, on every core.
+        one = root / "one" / job.relative_to(root / "jobs")
+        for run, threads in ((job, trained_on), (one, CORES)):
+            [entry] = json.loads((run / MEASURED).read_text())["entries"]
+            assert entry["measured"]["threads"] == threads
+    together, alone = (
+        {r["label"]: r for r in json.loads((root / out / "report.json").read_text())["runs"]}
+        for out in ("jobs", "one")
+    )
+    assert together.keys() == alone.keys() == set(SCHEMES)
+    for label, run in together.items():
+        for key in ("extrapolation", "continuation", "accuracy", "parameters", "step"):
+            assert run[key] == alone[label][key], (label, key)
+        assert run["extrapolation"][0]["loss"] is not None

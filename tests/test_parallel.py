@@ -105,7 +105,10 @@ def test_fsdp_checkpoint_is_a_one_process_checkpoint(runs):
     assert w1.keys() == w2.keys() and o1.keys() == o2.keys()  # tied head stored once in both
     for k in w1:
         assert w2[k].shape == w1[k].shape and w2[k].dtype == w1[k].dtype
-        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-5)
+        # Equal up to the order of FSDP's sums: Adam divides each step by the gradient's own
+        # size, so a weight whose gradient is near zero can move by a few 1e-5 either way
+        # (one of 4096 did on an AMD EPYC). A misplaced shard differs by the weights' 1e-2.
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-4, atol=1e-4)
     for k in o1:
         assert o2[k].shape == o1[k].shape, k
     assert s2["optimizer"] == s1["optimizer"]

@@ -9,10 +9,8 @@ An evaluation-time key (``--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4``) var
 training: each trained RoPE run is measured once per value, with that context extension in
 place of its own; runs of the other schemes are measured once, as trained.
 
-:func:`measure_run` loads a finished run and measures what the report shows: its logged losses
-and throughput, its validation loss at each evaluation length (default 1x, 2x and 4x the
-trained context; by ``lm.evaluate.evaluate_lengths``, the code behind ``lm eval``) and a greedy
-continuation of a prompt. ``lm.compare.report`` renders the report from those results alone.
+:mod:`lm.compare.measure` measures each finished run for the report (and keeps what it
+measured with the run); ``lm.compare.report`` renders the report from those results alone.
 
 How a folder's report measures its runs is part of the folder's record, ``sweep.json``: the runs
 in their order and the :class:`Evaluation` settings, written when a sweep starts and with every
@@ -23,65 +21,41 @@ report; a flag given to the rebuild replaces its one setting.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
-import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lm.compare.jobs import Job, run_jobs
-from lm.compare.report import RunResult, write_report
+from lm.compare.measure import (
+    MEASURED,
+    Evaluation,
+    job_spec,
+    measure_run,
+    measured_already,
+    report_prompt,
+)
+from lm.compare.report import write_report
 from lm.compare.side_by_side import auto_jobs
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
-from lm.config.names import task_of
 from lm.config.sections import Config, TrainConfig
 from lm.config.values import parse_rope_scaling, parse_value, shown, split_values
 from lm.data.sources import prepare_data, print_to_stderr
-from lm.data.tasks import evaluation_examples
-from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
 from lm.runs.checkpoint import latest_checkpoint, read_state
-from lm.runs.directory import CONFIG, METRICS, TOKENIZER, check_out_dir
+from lm.runs.directory import CONFIG, check_out_dir
 from lm.runtime import choices
 from lm.runtime.device import resolve_device
-from lm.sample import generate
 from lm.training.loop import train
-from lm.training.metrics import read_metrics
 
 DEFAULT_OUT = Path("runs/compare")
-DEFAULT_PROMPT = "The for statement"
-EXTRAPOLATION = ("1x", "2x", "4x")
-"""Default evaluation lengths: multiples of the trained context."""
 EVAL_KEYS = ("eval.rope_scaling",)
 """Keys ``--vary`` may sweep at evaluation time, on the same trained runs."""
 RECORD = "sweep.json"
-DEFAULT_MAX_NEW_TOKENS = 80
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """How a report measures its runs (``lm compare``'s evaluation flags)."""
-
-    eval_lengths: list[str] | None = None
-    """Evaluation lengths (``2x``, ``256``); None: :data:`EXTRAPOLATION`."""
-    rope_scalings: list[str] | None = None
-    """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
-    eval_batches: int | None = None
-    """Batches per length; None: the whole validation split."""
-    prompt: str | None = None
-    """The prompt each run continues; None: one of the task for a task run, else
-    :data:`DEFAULT_PROMPT`."""
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-
-    def given(self, **flags: Any) -> Evaluation:
-        """These settings, with each flag that was given (not None) in place of its own."""
-        return dataclasses.replace(self, **{k: v for k, v in flags.items() if v is not None})
 
 
 def write_sweep_record(out_dir: Path, runs: list[Path], evaluation: Evaluation) -> None:
@@ -257,6 +231,7 @@ def run_sweep(
     quiet: bool = False,
     evaluation: Evaluation = Evaluation(),
     jobs: int | str = 1,
+    measure_device: str | None = None,
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
@@ -265,7 +240,8 @@ def run_sweep(
     value fails at once, not after an hour of training. ``out_dir/sweep.json`` records the runs
     and ``evaluation`` before the first one trains, so that an interrupted sweep's report, built
     alone, is evaluated as the finished sweep's would be. ``jobs`` > 1 trains that many runs at
-    once, each in its own process (:mod:`lm.compare.jobs`).
+    once, each in its own process (:mod:`lm.compare.jobs`); with ``measure_device`` each job
+    then measures its run for the report, on that device (:func:`lm.compare.measure.measure_job`).
     """
     overrides = overrides or []
     out_dir = Path(out_dir)
@@ -294,8 +270,11 @@ def run_sweep(
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
     # disturb: one at a time or --jobs N, every run trains the same numbers.
+    measure = None
+    if measure_device is not None:
+        measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
     with choices.fixed():
-        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log)
+        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure)
     return [run_dir for run_dir, _ in plan]
 
 
@@ -330,8 +309,10 @@ def _train_plan(
     device: torch.device,
     quiet: bool,
     log: Callable[[str], None],
+    measure: str | None = None,
 ) -> None:
-    """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs."""
+    """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
+    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says)."""
     waiting = []
     for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
@@ -348,7 +329,9 @@ def _train_plan(
             # Without a checkpoint, whatever the folder holds (a run killed before its first
             # save) is cleared and training starts over.
             again = "--resume" if checkpoint is not None else "--overwrite"
-            args = [str(config_path), "--out", str(run_dir), again, "--set", *keys]
+            args = [str(config_path), "--out", str(run_dir), again]
+            args += ["--measure", measure] if measure is not None else []
+            args += ["--set", *keys]
             waiting.append((Job(run_dir, args, config.train.max_steps), config))
             continue
         result = train(
@@ -392,87 +375,6 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
     return runs
 
 
-# Measuring a run
-
-
-def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:
-    """Training tokens (targets) consumed: exact for packed windows (every slot is a real token),
-    else summed from each logged interval's throughput times its duration."""
-    if config.data.mode == "packed":
-        return step * config.train.batch_size * config.model.context_length, True
-    total, before = 0.0, 0.0
-    for r in records:
-        if "tokens_per_s" in r:
-            total += r["tokens_per_s"] * (r["elapsed_s"] - before)
-            before = r["elapsed_s"]
-    return round(total), False
-
-
-def measure_run(
-    run_dir: Path,
-    prompt: str,
-    max_new_tokens: int,
-    eval_batches: int | None,
-    device: str,
-    lengths: list[str] | None = None,
-    rope_scaling: str | None = None,
-) -> RunResult:
-    """Everything the report shows of one run, its model evaluated with ``rope_scaling`` in
-    place of its own when given. ``lengths`` default to :data:`EXTRAPOLATION`; ``eval_batches``
-    bounds each length's evaluation (None: the whole validation split)."""
-    cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
-    own = "rope" in cfg.model.layer_positions and rope_scaling is not None
-    if own and parse_rope_scaling(rope_scaling) == parse_rope_scaling(cfg.model.rope_scaling):
-        rope_scaling = None  # the run's own extension: measured as trained
-    run = load_evaluated(run_dir, device=device, rope_scaling=rope_scaling)
-    records = read_metrics(run_dir / METRICS)
-    vals = [r["val_loss"] for r in records if "val_loss" in r]
-    speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
-    elapsed = [r["elapsed_s"] for r in records if "elapsed_s" in r]
-    # A task's loss is measured at its trained context only: its examples are shorter, and what
-    # it says about longer ones is its accuracy.
-    task = is_task(cfg)
-    default = ["1x"] if task else list(EXTRAPOLATION)
-    rows = evaluate_lengths(
-        run, run_dir, lengths or default, device=device, max_batches=eval_batches
-    )
-    tok = run.tokenizer
-    prompt_ids = tok.encode(prompt) or [tok.eod_id]
-    new = generate(run.model, [prompt_ids], max_new_tokens, tok.pad_id, tok.eod_id)[0]
-    tokens, exact = _tokens_seen(cfg, run.step, records)
-    return RunResult(
-        run_dir=run_dir,
-        config=cfg,
-        parameters=run.model.num_parameters(),
-        step=run.step,
-        tokens_seen=tokens,
-        tokens_exact=exact,
-        final_val_loss=vals[-1] if vals else None,
-        best_val_loss=min(vals) if vals else None,
-        tokens_per_s=statistics.median(speeds) if speeds else None,
-        wall_s=elapsed[-1] if elapsed else None,
-        extrapolation=rows,
-        continuation=tok.decode(new),
-        tokenizer_sha256=hashlib.sha256((run_dir / TOKENIZER).read_bytes()).hexdigest(),
-        data_cache=read_state(run.checkpoint).get("data", {}).get("cache"),
-        eval_batches=eval_batches,
-        metrics=records,
-        prompt_unknown=tok.count_unknown(prompt),
-        rope_scaling=rope_scaling,
-        accuracy=task_accuracy(run, device) if task else None,
-    )
-
-
-def _task_prompt(run_dir: Path) -> str | None:
-    """For a task run, a prompt of the task at its longest trained length (else None)."""
-    data = load_config(Path(run_dir) / CONFIG).data
-    task = task_of(data.source)
-    if task is None:
-        return None
-    length = data.task_ranges()[0][-1]
-    return evaluation_examples(task, length, 1, data.seed, data.flipflop_ignore)[0][0]
-
-
 def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
     """``positions``: each run's layer schemes."""
     if not any("rope" in layers for layers in positions):
@@ -487,39 +389,33 @@ def report(
     device: str = "cpu",
     log: Callable[[str], None] = print_to_stderr,
 ) -> str:
-    """Measure every run as ``evaluation`` says, write the report and its record
-    (``sweep.json``) into ``out_dir``; return the Markdown.
+    """Measure every run as ``evaluation`` says (or read back what was measured of it with the
+    same settings), write the report and its record (``sweep.json``) into ``out_dir``; return
+    the Markdown.
 
     Every RoPE run is measured once per extension of ``evaluation.rope_scalings`` (``none``: as
     trained), the other runs once."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
-    e = evaluation
-    prompt = e.prompt
-    if prompt is None:  # a task run continues a prompt of its task
-        prompt = _task_prompt(run_dirs[0]) or DEFAULT_PROMPT
-    positions = {Path(d): load_config(Path(d) / CONFIG).model.layer_positions for d in run_dirs}
-    if e.rope_scalings is not None:
-        _check_rope(positions.values())
-    results = []
-    for run_dir, position in positions.items():
-        variants = e.rope_scalings if e.rope_scalings is not None and "rope" in position else [None]
-        for variant in variants:
-            how = "" if variant is None else f" with rope_scaling {variant}"
-            log(f"compare: evaluating {run_dir}{how}")
-            results.append(
-                measure_run(
-                    run_dir,
-                    prompt,
-                    e.max_new_tokens,
-                    e.eval_batches,
-                    device,
-                    e.eval_lengths,
-                    variant,
-                )
+    configs = {Path(d): load_config(Path(d) / CONFIG) for d in run_dirs}
+    if evaluation.rope_scalings is not None:
+        _check_rope(c.model.layer_positions for c in configs.values())
+    prompt = report_prompt(evaluation, next(iter(configs.values())).data)
+    results, kept = [], 0
+    for run_dir, config in configs.items():
+        for measure in evaluation.measures(config, prompt, device):
+            how = (
+                "" if measure.rope_scaling is None else f" with rope_scaling {measure.rope_scaling}"
             )
-    markdown = write_report(results, out_dir, prompt, e.max_new_tokens)
-    write_sweep_record(Path(out_dir), list(positions), evaluation)
+            if not measured_already(run_dir, measure):
+                log(f"compare: evaluating {run_dir}{how}")
+            result, found = measure_run(run_dir, measure)
+            kept += found
+            results.append(result)
+    if kept:
+        log(f"compare: {kept} of {len(results)} measurement(s) read back from the runs' {MEASURED}")
+    markdown = write_report(results, out_dir, prompt, evaluation.max_new_tokens)
+    write_sweep_record(Path(out_dir), list(configs), evaluation)
     log(f"compare: wrote {Path(out_dir) / 'report.md'}, report.json and its pictures")
     return markdown
 
@@ -574,7 +470,9 @@ def compare(
             _check_rope(c.model.layer_positions for c in configs)
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         evaluation = Evaluation().given(**flags)
-        runs = run_sweep(paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs)
+        runs = run_sweep(
+            paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs, device
+        )
         return report(runs, out_dir, evaluation, device=device, log=log)
     if seeds is not None or overrides or jobs != 1:
         raise ConfigError(

@@ -6,6 +6,7 @@ RUN_DIR/run.json          where the run came from: git commit, torch, python, ma
 RUN_DIR/metrics.jsonl     one JSON object per logged step
 RUN_DIR/checkpoints/      see lm/runs/checkpoint.py
 RUN_DIR/lock              present while a process trains into the directory
+RUN_DIR/measured.json     what lm compare measured of the run (see lm/compare/measure.py)
 """
 
 from __future__ import annotations
