@@ -198,8 +198,7 @@ def _flags(parser: argparse.ArgumentParser) -> set[str]:
     return {
         flag
         for action in parser._actions
-        if not isinstance(action, argparse._SubParsersAction)
-        and action.help != argparse.SUPPRESS
+        if not isinstance(action, argparse._SubParsersAction) and action.help != argparse.SUPPRESS
         for flag in action.option_strings
         if flag.startswith("--") and flag != "--help"
     }

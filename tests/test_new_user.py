@@ -237,7 +237,7 @@ def test_ctrl_c_in_compare_says_what_was_saved(tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml")
     stopped = TrainResult(tmp_path, 6, "interrupted", None, None, 1.0)
     argv = ["compare", str(cfg), "--vary", "model.position=rope", "--out", str(tmp_path / "s")]
-    with mock.patch("lm.compare.sweep.train", return_value=stopped):
+    with mock.patch("lm.training.loop.train", return_value=stopped):
         assert main([*argv, "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "checkpoint at step 6" in err and "resumes" in err, err

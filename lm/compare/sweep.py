@@ -50,7 +50,6 @@ from lm.runs.checkpoint import latest_checkpoint, read_state
 from lm.runs.directory import CONFIG, check_out_dir
 from lm.runtime import choices
 from lm.runtime.device import resolve_device
-from lm.training.loop import train
 
 DEFAULT_OUT = Path("runs/compare")
 EVAL_KEYS = ("eval.rope_scaling",)
@@ -313,6 +312,10 @@ def _train_plan(
 ) -> None:
     """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
     then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says)."""
+    # Here, not above: a report alone never trains, and the trainer's imports (distributed
+    # checkpointing among them) take seconds.
+    from lm.training.loop import train
+
     waiting = []
     for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
