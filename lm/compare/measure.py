@@ -10,7 +10,7 @@ The costly part (the model's losses, answers and continuation) is kept in the ru
 time), the :class:`Measure` settings, torch's version and a digest of lm's own code. A report
 built again (new labels, a joint report of two sweeps) reads it back instead of evaluating
 again; anything else measures anew. The numbers are the same either way: a model's
-evaluation does not depend on the threads it runs on (tests/test_compare.py holds a report
+evaluation does not depend on the threads it runs on (tests/test_jobs.py holds a report
 measured in a sweep's jobs equal to one measured alone).
 
 In a sweep of several jobs (``lm compare --jobs N``) each job measures its own run as soon as
@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,16 +131,21 @@ def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tu
     return round(total), False
 
 
-def measure_run(run_dir: Path, measure: Measure) -> tuple[RunResult, bool]:
+def measure_run(
+    run_dir: Path, measure: Measure, log: Callable[[str], None] | None = None
+) -> tuple[RunResult, bool]:
     """Everything the report shows of one run, and whether it was read back from the run's
-    ``measured.json`` rather than measured now (then kept there)."""
+    ``measured.json`` rather than measured now (then kept there, ``log`` told first)."""
     cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
-    measure = _as_measured(run_dir, measure, cfg)
+    measure = _as_measured(measure, cfg)
     rope_scaling = measure.rope_scaling
     key = _key(run_dir, measure)
     kept = _read_kept(run_dir).get(key) if key is not None else None
     found = kept is not None
     if kept is None:
+        if log is not None:
+            how = "" if rope_scaling is None else f" with rope_scaling {rope_scaling}"
+            log(f"compare: evaluating {run_dir}{how}")
         kept = _measure_model(run_dir, cfg, measure)
         if key is not None:
             _keep(run_dir, key, kept)
@@ -172,10 +178,9 @@ def measure_run(run_dir: Path, measure: Measure) -> tuple[RunResult, bool]:
     return result, found
 
 
-def _as_measured(run_dir: Path, measure: Measure, cfg: Config | None = None) -> Measure:
-    """``measure`` as it is made: a RoPE run asked for its own extension is measured as
-    trained."""
-    cfg = cfg or load_config(run_dir / CONFIG)
+def _as_measured(measure: Measure, cfg: Config) -> Measure:
+    """``measure`` as it is made of a run of ``cfg``: a RoPE run asked for its own extension is
+    measured as trained."""
     wanted = measure.rope_scaling
     own = "rope" in cfg.model.layer_positions and wanted is not None
     if own and parse_rope_scaling(wanted) == parse_rope_scaling(cfg.model.rope_scaling):
@@ -298,9 +303,3 @@ def _keep(run_dir: Path, key: str, measured: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
-
-
-def measured_already(run_dir: Path, measure: Measure) -> bool:
-    """Whether the run keeps a measurement with these settings of its newest checkpoint."""
-    key = _key(run_dir, _as_measured(run_dir, measure))
-    return key is not None and key in _read_kept(run_dir)

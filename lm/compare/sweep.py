@@ -36,7 +36,6 @@ from lm.compare.measure import (
     Evaluation,
     job_spec,
     measure_run,
-    measured_already,
     report_prompt,
 )
 from lm.compare.report import write_report
@@ -407,12 +406,7 @@ def report(
     results, kept = [], 0
     for run_dir, config in configs.items():
         for measure in evaluation.measures(config, prompt, device):
-            how = (
-                "" if measure.rope_scaling is None else f" with rope_scaling {measure.rope_scaling}"
-            )
-            if not measured_already(run_dir, measure):
-                log(f"compare: evaluating {run_dir}{how}")
-            result, found = measure_run(run_dir, measure)
+            result, found = measure_run(run_dir, measure, log)
             kept += found
             results.append(result)
     if kept:
