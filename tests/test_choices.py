@@ -3,6 +3,7 @@ recorded in run.json, shown and forgotten by ``lm choices``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -150,8 +151,8 @@ def test_jobs_auto_takes_a_job_per_core_only_where_side_by_side_pays(monkeypatch
     assert sbs.auto_jobs(cfg, device, 1)[1].why == "one thread to divide"
     # Measured: two one-thread runs at once against one run on both cores.
     timings = {"one": 0.020, "together": 0.015}
-    monkeypatch.setattr(sbs, "_one", lambda m, micro, cores: timings["one"])
-    monkeypatch.setattr(sbs, "_together", lambda m, micro, cores: timings["together"])
+    monkeypatch.setattr(sbs, "_one", lambda m, t, micro, cores: timings["one"])
+    monkeypatch.setattr(sbs, "_together", lambda m, t, micro, cores: timings["together"])
     n, choice = sbs.auto_jobs(cfg, device, 2)
     assert (n, choice.how, choice.ms_per_step) == (2, "measured", {"1": 20.0, "2": 15.0})
     timings["together"] = 0.019  # a gain within drift no longer pays; but the answer is kept
@@ -175,3 +176,77 @@ def test_lm_compare_jobs_auto_says_what_it_decided(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--jobs", "some", "--out", str(tmp_path / "t")])
     assert "'some' is not a count of 1 or more, nor auto" in capsys.readouterr().err
+
+
+def test_the_kernel_and_dtype_kept_are_the_fastest_pair_by_their_margins():
+    pairs = {f"{d} {k}": (d, k) for d in ("fp32", "bf16") for k in ("sdpa", "math")}
+    ms = {"fp32 sdpa": 100.0, "fp32 math": 90.0, "bf16 sdpa": 120.0, "bf16 math": 80.0}
+    assert tune._prefer_pair(ms, pairs) == "bf16 math"  # 80 <= 0.95 * 90
+    ms["bf16 math"] = 86.0  # within bf16's margin of fp32's best: the exact one
+    assert tune._prefer_pair(ms, pairs) == "fp32 math"
+    ms["fp32 math"], ms["bf16 math"] = 98.0, 119.0  # within the kernel's margin: the default
+    assert tune._prefer_pair(ms, pairs) == "fp32 sdpa"
+    one = {"sdpa": ("fp32", "sdpa"), "math": ("fp32", "math")}
+    assert tune._prefer_pair({"sdpa": 100.0, "math": 96.0}, one) == "math"
+
+
+def kernel_auto(**train):
+    return tiny_config(model={"kernel": "auto"}, train={"max_steps": 2, "eval_every": 0, **train})
+
+
+def test_a_kernel_left_to_auto_is_measured_recorded_in_the_config_and_kept_on_resume(
+    tmp_path, monkeypatch, capsys
+):
+    from lm.config.load import load_config
+
+    monkeypatch.setenv("LM_TUNE", "on")
+    monkeypatch.setattr(tune, "_prefer_kernel", lambda ms: "math")
+    train(kernel_auto(checkpoint_every=1), tmp_path / "run")
+    first = ran(tmp_path / "run")
+    choice = first["kernel_choice"]
+    assert choice["how"] == "measured" and set(choice["ms_per_step"]) == {"sdpa", "math"}
+    assert first["kernel"] == "math" and choice["value"] == "math"
+    # The run's config names the kernel that ran, so evaluation and sampling run it too.
+    assert load_config(tmp_path / "run" / "config.yaml").model.kernel == "math"
+    assert "auto: model.kernel math, measured now on this machine" in capsys.readouterr().err
+    # The same losses as the kernel named: measuring draws nothing from the run's generators.
+    train(kernel_auto(checkpoint_every=1).replace(model=dataclasses.replace(
+        kernel_auto().model, kernel="math")), tmp_path / "named")  # fmt: skip
+    assert losses(tmp_path / "run") == losses(tmp_path / "named")
+    # A resume keeps the kernel it trained with, whatever this machine would say now.
+    choices.clear()
+    monkeypatch.setattr(tune, "_prefer_kernel", lambda ms: "sdpa")
+    train(kernel_auto(max_steps=4, checkpoint_every=1), tmp_path / "run", resume=True)
+    resumed = ran(tmp_path / "run")
+    assert resumed["kernel"] == "math" and resumed["kernel_choice"]["how"] == "resumed"
+    assert not choices.read()  # nothing was measured for it
+
+
+def test_dtype_and_kernel_left_to_auto_are_measured_together(tmp_path, measuring):
+    train(kernel_auto(dtype="auto"), tmp_path / "run")
+    record = ran(tmp_path / "run")
+    dtype, kernel = record["dtype_choice"], record["kernel_choice"]
+    both = {"fp32 sdpa", "fp32 math", "bf16 sdpa", "bf16 math"}
+    assert set(dtype["ms_per_step"]) == both and dtype["ms_per_step"] == kernel["ms_per_step"]
+    assert f"{dtype['value']} {kernel['value']}" in both
+    (key,) = choices.read()
+    assert json.loads(key)["kind"] == "train.dtype+model.kernel"
+
+
+def test_a_kernel_not_measured_is_sdpa_and_says_why(tmp_path, monkeypatch):
+    train(kernel_auto(), tmp_path / "off")  # the suite runs with LM_TUNE=off
+    choice = ran(tmp_path / "off")["kernel_choice"]
+    assert (choice["value"], choice["how"], choice["why"]) == ("sdpa", "fallback", "LM_TUNE=off")
+    monkeypatch.setenv("LM_TUNE", "on")
+    # A learned bias trains through the explicit formula on a CPU whatever the kernel.
+    cfg = kernel_auto()
+    cfg = cfg.replace(model=dataclasses.replace(cfg.model, position="t5"))
+    train(cfg, tmp_path / "t5")
+    choice = ran(tmp_path / "t5")["kernel_choice"]
+    assert choice["how"] == "fallback" and "explicit formula" in choice["why"]
+    assert not choices.cache_file().exists()
+
+
+def losses(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return [m["train_loss"] for m in lines if "train_loss" in m]

@@ -42,8 +42,9 @@ gates over keys, where a score function sees one query-key pair at a time."""
 NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
-KERNELS = ("sdpa", "flex", "math")
-"""``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``)."""
+KERNELS = ("sdpa", "flex", "math", "auto")
+"""``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``); ``auto``: the
+faster of sdpa and math, measured by ``lm train`` on this machine (``lm.training.tune``)."""
 
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.model.position.rope``): none, Position Interpolation,

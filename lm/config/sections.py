@@ -128,9 +128,10 @@ class ModelConfig:
     every layer; or one per layer, [64, 64, 64, null] (null: every key); or a list ending in ...
     repeated over the layers, [512, 512, null, ...] (Gemma's local and global layers)."""
     kernel: str = "sdpa"
-    """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; masks and biases through
-    FlexAttention in a model compiled for a GPU) | flex (FlexAttention always) | math (the notes'
-    formula written out). See lm/model/kernels.py. Runs before 0.2 called it attention."""
+    """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; FlexAttention for masks
+    and biases in a model compiled for a GPU) | flex | math (the notes' formula written out) |
+    auto (sdpa or math, whichever trains this shape faster on this CPU, timed once by lm train and
+    kept; config.yaml records the one chosen). See lm/model/kernels.py. Was model.attention."""
     bias: bool = False
     """Biases in linear layers and norms (the notes omit them)."""
     tie_embeddings: bool = True

@@ -211,7 +211,9 @@ def _kernel(
     bias in a model compiled for a GPU (on CPU it measured no faster: docs/performance.md,
     "Masked attention"). On CPU, the gradient of a learned bias goes through the notes' formula:
     SDPA then runs PyTorch's own math path, whose softmax backward sums in parts that depend on
-    the thread count, so a run's numbers would too (``softmax_rows`` sums each row whole)."""
+    the thread count, so a run's numbers would too (``softmax_rows`` sums each row whole).
+    ``auto``, which ``lm train`` resolves before it builds a model, runs as ``sdpa`` wherever
+    a model is built with it unresolved."""
     if setting == "math":
         return "math"
     if learned_bias and device.type == "cpu" and torch.is_grad_enabled():

@@ -81,7 +81,7 @@ from lm.training.setup import (
     with_vocab,
 )
 from lm.training.step import LoopState, Stepper, nonfinite_message
-from lm.training.tune import training_dtype
+from lm.training.tune import Chosen, training_choices
 
 
 @dataclass
@@ -122,7 +122,8 @@ def train(
         torch.set_num_threads(_threads(config.train.threads, threads, world, quiet))
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
-        net = _build(run)
+        run, chosen = _choose(run)
+        net = _build(run, chosen)
         # Every check passed (config, data, batches, model): only now is anything written.
         _record(run, net, clear=run.checkpoint is None and (overwrite or resume))
         state = _restore(run, net)
@@ -173,6 +174,7 @@ class _Net:
     batches: TrainBatches
     dtype: torch.dtype  # autocast's (float32: none)
     dtype_choice: Choice | None = None  # how train.dtype: auto chose it (None: the config said)
+    kernel_choice: Choice | None = None  # how model.kernel: auto chose it (None: the config said)
 
 
 def _join(config: Config) -> tuple[torch.device, World]:
@@ -246,7 +248,21 @@ def _prepare_run(
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
-def _build(run: _Run) -> _Net:
+def _choose(run: _Run) -> tuple[_Run, Chosen]:
+    """The dtype and kernel the run trains with: what the config names, what ``auto`` measures
+    here, or a resume's own. The kernel goes into the run's config, so that its config.yaml
+    records the one that ran, and evaluation, sampling and a resume run it too."""
+    config, resumed = run.config, run.checkpoint is not None
+    trained = _trained_dtype(run.run_dir) if resumed else None
+    kernel = None
+    if resumed and config.model.kernel == "auto" and (run.run_dir / CONFIG).is_file():
+        kernel = load_config(run.run_dir / CONFIG).model.kernel
+    chosen = training_choices(config, run.device, run.world.size, trained, kernel)
+    config = config.replace(model=dataclasses.replace(config.model, kernel=chosen.kernel))
+    return dataclasses.replace(run, config=config), chosen
+
+
+def _build(run: _Run, chosen: Chosen) -> _Net:
     """The model as ``train.seed`` initialises it, its optimizer, and what runs its steps."""
     tc, device, world, data = run.config.train, run.device, run.world, run.data
     torch.manual_seed(tc.seed)
@@ -256,8 +272,7 @@ def _build(run: _Run) -> _Net:
     raw_model = TransformerLM(run.config.model).to(device)
     if run.init_from is not None:
         init_weights_from(raw_model, run.init_from, data.tokenizer)
-    trained = _trained_dtype(run.run_dir) if run.checkpoint is not None else None
-    dtype, dtype_choice = training_dtype(run.config, device, world.size, trained)
+    dtype = chosen.dtype
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model = wrap_model(raw_model, tc, world, device, dtype)
     optimizer = build_optimizer(raw_model, tc, device)  # after sharding: on the shards
@@ -285,17 +300,27 @@ def _build(run: _Run) -> _Net:
             f"lm: note: model.kernel: flex has no backward pass on {device.type} in this "
             "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
-    if dtype_choice is not None and dtype_choice.how in ("measured", "cached"):
-        timings = ", ".join(f"{k} {v:.0f} ms" for k, v in dtype_choice.ms_per_step.items())
-        when = "measured now" if dtype_choice.how == "measured" else "measured earlier"
-        run.log(
-            f"lm: train.dtype auto: {dtype_choice.value}, {when} on this machine ({timings} "
-            f"a step; kept in {choices.cache_file()}, lm choices --clear forgets it)"
-        )
+    _say_measured(run, chosen)
     return _Net(
         raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype,
-        dtype_choice,
+        chosen.dtype_choice, chosen.kernel_choice,
     )  # fmt: skip
+
+
+def _say_measured(run: _Run, chosen: Chosen) -> None:
+    """One line for what ``auto`` measured now or earlier: the values, each candidate's step."""
+    said = {"train.dtype": chosen.dtype_choice, "model.kernel": chosen.kernel_choice}
+    said = {k: c for k, c in said.items() if c is not None and c.how in ("measured", "cached")}
+    if not said:
+        return
+    first = next(iter(said.values()))  # one measurement decides both when both are left to it
+    values = ", ".join(f"{k} {c.value}" for k, c in said.items())
+    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in first.ms_per_step.items())
+    when = "measured now" if first.how == "measured" else "measured earlier"
+    run.log(
+        f"lm: auto: {values}, {when} on this machine ({timings} a step; kept in "
+        f"{choices.cache_file()}, lm choices --clear forgets it)"
+    )
 
 
 def _trained_dtype(run_dir: Path) -> str | None:
@@ -339,6 +364,7 @@ def _ran(run: _Run, net: _Net) -> dict[str, Any]:
         "dtype": str(net.dtype).removeprefix("torch."),
         **({"dtype_choice": net.dtype_choice.record()} if net.dtype_choice else {}),
         "kernel": plan.kernel,
+        **({"kernel_choice": net.kernel_choice.record()} if net.kernel_choice else {}),
         "threads": torch.get_num_threads(),
         "compile": compile_enabled(run.config.train.compile, run.device),
     }

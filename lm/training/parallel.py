@@ -10,26 +10,21 @@ Checkpoints do not depend on the layout: a sharded run gathers the full weights 
 state onto the main process (CPU) and writes the same files a one-process run writes, and every
 process reads those files back into its own shards. ``torch.compile`` wraps the DDP or FSDP
 model, not the reverse, so that gradient communication can overlap the backward pass.
+
+FSDP and the distributed state dicts are imported where a run uses them: together they take
+about a second to import, which a one-process run, most runs, would pay at every start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.nn.parallel import DistributedDataParallel
 
 from lm.config.sections import TrainConfig
 from lm.runs.checkpoint import CheckpointError, FullState, first_line, read_optimizer, read_weights
@@ -47,6 +42,8 @@ def wrap_model(
     """
     model = raw_model
     if world.distributed and tc.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
         # (fp16 is refused before: TrainConfig, and lm.runtime.device for train.dtype: auto.)
         # bf16: the gathered weights and the forward/backward run in bf16; gradients are reduced
         # and the sharded master weights and optimizer stay fp32. Autocast stays on as without
@@ -58,6 +55,8 @@ def wrap_model(
             fully_shard(block, mp_policy=policy)
         fully_shard(raw_model, mp_policy=policy)  # the embedding, final norm and tied head
     elif world.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
         model = DistributedDataParallel(
             raw_model, device_ids=[device.index] if device.type == "cuda" else None
         )
@@ -65,6 +64,11 @@ def wrap_model(
 
 
 def is_sharded(raw_model: nn.Module) -> bool:
+    # No module is FSDP's before FSDP is imported (by wrap_model, when a run shards).
+    if "torch.distributed.fsdp" not in sys.modules:
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
     return isinstance(raw_model, FSDPModule)
 
 
@@ -73,7 +77,7 @@ def skip_gradient_sync(model: nn.Module) -> Iterator[None]:
     """Accumulate this micro-batch's gradients locally, without communication: DDP's
     ``no_sync``, or FSDP's gradient sync switched off until the block ends (the last micro-batch
     of a step then reduces the sum). ``model`` may be compiled; attributes reach the wrapper."""
-    if isinstance(getattr(model, "_orig_mod", model), FSDPModule):
+    if is_sharded(getattr(model, "_orig_mod", model)):
         model.set_requires_gradient_sync(False)
         try:
             yield
@@ -82,9 +86,6 @@ def skip_gradient_sync(model: nn.Module) -> Iterator[None]:
     else:
         with model.no_sync():
             yield
-
-
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def _aliases(raw_model: nn.Module) -> dict[str, str]:
@@ -112,8 +113,15 @@ def gather_full_state(
 
     Every process must call this: the gathers are collectives.
     """
-    weights = get_model_state_dict(raw_model, options=_FULL)
-    named = get_optimizer_state_dict(raw_model, optimizer, options=_FULL)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(raw_model, options=full)
+    named = get_optimizer_state_dict(raw_model, optimizer, options=full)
     if not world.is_main:
         return None
     aliases = _aliases(raw_model)
@@ -136,6 +144,12 @@ def load_full_state(
     this process's shards. Every process reads the files (a shared filesystem is required; a
     damaged file then fails on every process alike, none waits on the others) and keeps its
     own slice of them."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     weights, optimizer_state = read_weights(checkpoint), read_optimizer(checkpoint, saved)
     for alias, kept in _aliases(raw_model).items():
         if kept in weights:

@@ -238,9 +238,12 @@ def check_has_optimizer(run_dir: Path, checkpoint: Path, state: dict[str, Any]) 
 
 
 def check_resumable(saved: Config, config: Config) -> None:
-    """Resuming may change the train section (e.g. more steps), not the model or the data."""
+    """Resuming may change the train section (e.g. more steps), not the model or the data;
+    ``model.kernel: auto`` resumes with the kernel the run chose."""
     for name, (old, new) in config_diff(saved, config).items():
         if name.startswith("train.") or (name == "model.vocab_size" and new is None):
+            continue
+        if name == "model.kernel" and new == "auto":  # it resumes with the kernel it chose
             continue
         raise ConfigError(
             f"{name}: the run was trained with {old!r}, this config says {new!r}; "

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from lm.data.batches import model_inputs
 from lm.model.transformer import loss_sum
 from lm.runtime.distributed import World, all_reduce_min, all_reduce_sum
 from lm.training.optim import step_unless_nonfinite
-from lm.training.parallel import skip_gradient_sync
+from lm.training.parallel import is_sharded, skip_gradient_sync
 
 
 class Stepper:
@@ -49,6 +48,9 @@ class Stepper:
         self.params = [p for p in raw_model.parameters() if p.requires_grad]
         # Random positions are drawn per row from its real tokens: the key mask says which.
         self.key_mask = raw_model.config.random_positions is not None
+        # FSDP's gradient norm is a DTensor of every process's shards (torch.distributed.tensor
+        # is imported only by a run that shards: lm.training.parallel).
+        self.sharded = is_sharded(raw_model)
 
     def forward_backward(
         self, micro_batches: list[dict[str, torch.Tensor]], n_targets: int
@@ -73,7 +75,7 @@ class Stepper:
         device scalars that nothing here reads, so the host never waits for the device."""
         self.scaler.unscale_(self.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        if isinstance(grad_norm, DTensor):  # FSDP: the norm over every process's shards
+        if self.sharded:  # the norm over every process's shards
             grad_norm = grad_norm.full_tensor()
         finite = torch.isfinite(grad_norm) & torch.isfinite(step_loss)
         # Every process must skip together; the gradient norm already agrees (gradients are

@@ -1,63 +1,147 @@
-"""``train.dtype: auto`` on a CPU, decided by timing the run's own training step in each dtype.
+"""``train.dtype: auto`` and ``model.kernel: auto`` on a CPU, decided by timing the run's own
+training step with each candidate.
 
 bf16 autocast is faster than fp32 on some CPUs at some shapes and slower on others: on an AMD
 EPYC without AMX, PyTorch's fused attention runs its bf16 backward several times slower than
 its fp32 one, which the faster bf16 matmuls repay only from width 256; on an Intel Xeon with AMX
-the matmuls gain far more. So ``auto`` times a forward and backward pass of the run's model, at
-its micro-batch and context, in fp32 and in bf16, and keeps bf16 only where it is clearly faster
-(``BF16_MARGIN``): the cheaper numbers must pay for the coarser ones. The answer is kept by
-:mod:`lm.runtime.choices`, so a machine measures each shape once.
+the matmuls gain far more. Which attention kernel is faster changes with the machine as well:
+for the Shakespeare recipe in fp32, the notes' explicit attention (``math``) beat PyTorch's
+fused one (``sdpa``) on an AVX-512 EPYC and lost to it on an AVX2 one (docs/performance.md).
+So ``auto`` times a forward and backward pass of the run's model, at its micro-batch and
+context, for every pair of the settings left to it (fp32 and bf16; sdpa and math), and keeps:
 
-Not measured, the table of :func:`lm.runtime.device.resolve_dtype` decides instead: on a GPU
-(bf16 where supported: the rule every GPU recipe uses), with several processes (each would time
-the others' load, and they must agree), on a CPU without bf16 instructions (emulated bf16 is
-never faster), and with ``LM_TUNE=off``.
+- the explicit kernel only where its step takes at most ``KERNEL_MARGIN`` of SDPA's (the
+  default, unless clearly beaten);
+- bf16 only where its best step takes at most ``BF16_MARGIN`` of fp32's best: the cheaper
+  numbers must pay for the coarser ones.
+
+The answer is kept by :mod:`lm.runtime.choices`, so a machine measures each shape once. The
+kernel chosen is written into the run's config.yaml, so evaluation, sampling and a resume run
+the kernel it trained with; a resume keeps its dtype too (run.json's).
+
+Not measured, a setting comes from the table instead: the dtype from
+:func:`lm.runtime.device.resolve_dtype`, the kernel ``sdpa``. That is so on a GPU (bf16 where
+supported, the rule every GPU recipe uses; whether measuring kernels pays there is not known:
+no GPU has run this), with several processes (each would time the others' load, and they must
+agree), with ``LM_TUNE=off`` (the suite, and a sweep's runs), for the dtype on a CPU without
+bf16 instructions (emulated bf16 is never faster), and for the kernel of a model whose training
+step runs the explicit formula whatever is asked (stick-breaking; a learned bias on a CPU).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from lm.config.sections import Config, ModelConfig
+from lm.config.sections import Config, ModelConfig, TrainConfig
+from lm.model.plan import build_plan
 from lm.model.transformer import TransformerLM
 from lm.runtime import choices
 from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
+from lm.training.optim import build_optimizer
 
 BF16_MARGIN = 0.95
 """bf16 is kept where its step takes at most this fraction of fp32's."""
 
+KERNEL_MARGIN = 0.97
+"""The explicit kernel is kept where its step takes at most this fraction of SDPA's."""
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
+KERNELS = ("sdpa", "math")
+"""The kernels ``auto`` times on a CPU (FlexAttention has no backward pass there)."""
+
+FALLBACK_KERNEL = "sdpa"
 
 RECORDED = {"float32": "fp32", "bfloat16": "bf16"}
 """run.json's names of the dtypes ``auto`` may choose on a CPU."""
 
 
-def training_dtype(
-    config: Config, device: torch.device, processes: int, resumed: str | None = None
-) -> tuple[torch.dtype, choices.Choice | None]:
-    """The autocast dtype of a run, and how ``auto`` chose it (None: the config named one).
-    ``resumed``: the dtype run.json says the run trained with, which a resume keeps, so that
-    it continues as it began whatever the cache says now."""
-    name = config.train.dtype
-    if name != "auto":
-        return resolve_dtype(name, device, config.model), None
-    if device.type == "cpu" and resumed in RECORDED:
-        value = RECORDED[resumed]
-        return DTYPES[value], choices.Choice(value, "resumed", why="the dtype it trained with")
-    table = resolve_dtype(name, device, config.model)
-    fallback = "bf16" if table == torch.bfloat16 else "fp32"
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+    """What a run trains with, and how ``auto`` chose each (None: the config named it)."""
+
+    dtype: torch.dtype
+    kernel: str
+    dtype_choice: choices.Choice | None = None
+    kernel_choice: choices.Choice | None = None
+
+
+def training_choices(
+    config: Config,
+    device: torch.device,
+    processes: int,
+    resumed_dtype: str | None = None,
+    resumed_kernel: str | None = None,
+) -> Chosen:
+    """The autocast dtype and attention kernel of a run. ``resumed_dtype``: the dtype run.json
+    says the run trained with; ``resumed_kernel``: the kernel of its config.yaml. A resume keeps
+    both, so that it continues as it began whatever the cache says now."""
+    dtype_auto, kernel_auto = config.train.dtype == "auto", config.model.kernel == "auto"
+    kernel = config.model.kernel
+    kernel_choice = None
+    if kernel_auto and resumed_kernel in KERNELS:
+        kernel = resumed_kernel
+        kernel_choice = choices.Choice(kernel, "resumed", why="the kernel it trained with")
+        kernel_auto = False
+    dtype_choice = None
+    if dtype_auto and device.type == "cpu" and resumed_dtype in RECORDED:
+        value = RECORDED[resumed_dtype]
+        dtype_choice = choices.Choice(value, "resumed", why="the dtype it trained with")
+        dtype_auto = False
+        dtype = DTYPES[value]
     why = _not_measured(device, processes)
-    if why:
-        if device.type != "cpu":
-            return table, None  # the GPU's rule: there is nothing of this machine's to record
-        return table, choices.Choice(fallback, "fallback", why=why)
-    choice = choices.choose("train.dtype", _context(config, processes), _steps(config), _prefer)
-    return DTYPES[choice.value], choice
+    kernel_why = why or (_same_kernel(config.model) if kernel_auto else "")
+    if kernel_auto and kernel_why:
+        kernel = FALLBACK_KERNEL
+        kernel_choice = choices.Choice(kernel, "fallback", why=kernel_why)
+        kernel_auto = False
+    if dtype_auto:
+        table = resolve_dtype("auto", device, dataclasses.replace(config.model, kernel=kernel))
+        dtype_why = why or ("no bf16 instructions on this CPU: fp32" * (cpu_bf16_kind() == "none"))
+        if dtype_why:
+            dtype, dtype_auto = table, False
+            if device.type == "cpu":  # a GPU's rule: there is nothing of this machine's to record
+                name = "bf16" if table == torch.bfloat16 else "fp32"
+                dtype_choice = choices.Choice(name, "fallback", why=dtype_why)
+    elif dtype_choice is None:
+        dtype = resolve_dtype(config.train.dtype, device, config.model)
+    if not (dtype_auto or kernel_auto):
+        return Chosen(dtype, kernel, dtype_choice, kernel_choice)
+    # What is left to measure: each free setting's candidates, the other as it is.
+    dtypes = dict(DTYPES) if dtype_auto else {str(dtype).removeprefix("torch."): dtype}
+    kernels = KERNELS if kernel_auto else (kernel,)
+    pairs = {
+        _name(d, k, dtype_auto, kernel_auto): (d, k) for d, k in itertools.product(dtypes, kernels)
+    }
+    kind = "+".join(
+        name for name, free in (("train.dtype", dtype_auto), ("model.kernel", kernel_auto)) if free
+    )
+    context = _context(config, processes)
+    if not dtype_auto:
+        context["dtype"] = next(iter(dtypes))
+    model, micro = config.model, config.train.batch_size // config.train.accumulation(1)
+    steps = {
+        name: choices.timed(_step_with(model, micro, dtypes[d], k))
+        for name, (d, k) in pairs.items()
+    }
+    choice = choices.choose(kind, context, steps, lambda ms: _prefer_pair(ms, pairs))
+    d, k = pairs[choice.value]
+    if dtype_auto:
+        dtype, dtype_choice = DTYPES[d], dataclasses.replace(choice, value=d)
+    if kernel_auto:
+        kernel, kernel_choice = k, dataclasses.replace(choice, value=k)
+    return Chosen(dtype, kernel, dtype_choice, kernel_choice)
+
+
+def _name(dtype: str, kernel: str, dtype_free: bool, kernel_free: bool) -> str:
+    """A candidate's name in the cache and run.json: its free settings' values (``bf16``,
+    ``math``, ``bf16 math``)."""
+    return " ".join(v for v, free in ((dtype, dtype_free), (kernel, kernel_free)) if free)
 
 
 def _not_measured(device: torch.device, processes: int) -> str:
@@ -68,14 +152,23 @@ def _not_measured(device: torch.device, processes: int) -> str:
         return "LM_TUNE=off"
     if processes > 1:
         return f"{processes} processes (each would time the others' load)"
-    if cpu_bf16_kind() == "none":
-        return "no bf16 instructions on this CPU: fp32"
     return ""
+
+
+def _same_kernel(model: ModelConfig) -> str:
+    """Why asking for another kernel would not change this model's training step on a CPU, or
+    '' where it would: the plan of a training step given sdpa runs something else."""
+    ids = torch.zeros(1, model.context_length, dtype=torch.long)
+    with torch.enable_grad():
+        ran = build_plan(model, ids, training=True, kernel="sdpa").kernel
+    if ran == "sdpa":
+        return ""
+    return f"its training step runs the explicit formula ({ran}) whatever the kernel"
 
 
 def _context(config: Config, processes: int) -> dict:
     """What decides the choice besides the machine: the device, the threads, the model's shape
-    and kernel, and the micro-batch one step runs."""
+    and settings, and the micro-batch one step runs."""
     m, t = config.model, config.train
     return {
         "device": "cpu",
@@ -85,31 +178,60 @@ def _context(config: Config, processes: int) -> dict:
     }
 
 
-def _steps(config: Config) -> dict:
-    """One timed training step per candidate dtype, on a copy of the run's model."""
-    step = training_step(config.model, config.train.batch_size // config.train.accumulation(1))
-    return {name: choices.timed(lambda d=dtype: step(d)) for name, dtype in DTYPES.items()}
+def _step_with(model: ModelConfig, micro: int, dtype: torch.dtype, kernel: str):
+    step = training_step(dataclasses.replace(model, kernel=kernel), micro)
+    return lambda: step(dtype)
 
 
-def training_step(model: ModelConfig, micro: int) -> Callable[[torch.dtype], None]:
+def training_step(
+    model: ModelConfig, micro: int, train: TrainConfig | None = None
+) -> Callable[[torch.dtype], None]:
     """A forward, loss and backward pass of a fresh model of this shape on random tokens, in
-    the given autocast dtype: what the measured choices time. The random number generators are
-    left as they were: a run's own initialisation and batches do not depend on whether this
-    ran."""
+    the given autocast dtype: what the measured choices time; with ``train``, its optimizer's
+    step too. The random number generators are left as they were: a run's own initialisation
+    and batches do not depend on whether this ran."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         net = TransformerLM(model)
         ids = torch.randint(0, model.vocab_size, (micro, model.context_length + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
+    optimizer = build_optimizer(net, train, torch.device("cpu")) if train is not None else None
 
     def step(dtype: torch.dtype = torch.float32) -> None:
         with autocast_context(torch.device("cpu"), dtype):
             logits = net(inputs)
         F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+        if optimizer is not None:
+            optimizer.step()
         net.zero_grad(set_to_none=True)
 
     return step
 
 
 def _prefer(ms: dict[str, float]) -> str:
+    """fp32 or bf16, from their milliseconds per step."""
     return "bf16" if ms["bf16"] <= BF16_MARGIN * ms["fp32"] else "fp32"
+
+
+def _prefer_kernel(ms: dict[str, float]) -> str:
+    """sdpa or math, from their milliseconds per step."""
+    return "math" if ms["math"] <= KERNEL_MARGIN * ms["sdpa"] else "sdpa"
+
+
+def _prefer_pair(ms: dict[str, float], pairs: dict[str, tuple[str, str]]) -> str:
+    """The candidate kept: for each dtype its faster kernel (by ``_prefer_kernel``), then the
+    dtype whose best is faster (by ``_prefer``)."""
+    by_dtype: dict[str, dict[str, str]] = {}
+    for name, (d, k) in pairs.items():
+        by_dtype.setdefault(d, {})[k] = name
+    best = {}
+    for d, names in by_dtype.items():
+        k = (
+            _prefer_kernel({k: ms[n] for k, n in names.items()})
+            if len(names) > 1
+            else next(iter(names))
+        )
+        best[d] = names[k]
+    if len(best) == 1:
+        return next(iter(best.values()))
+    return best[_prefer({d: ms[n] for d, n in best.items()})]
