@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from lm.api import train
+    from lm.training.optim import without_dynamo_import
+
+    without_dynamo_import()
 
     result = train(
         args.config,

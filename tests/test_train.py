@@ -306,6 +306,28 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     assert kinds[id(model.blocks[0].attn.qkv.weight)] == "muon"
 
 
+def test_lm_train_with_muon_never_imports_dynamo_and_trains_and_resumes_the_same(tmp_path):
+    # torch._dynamo costs a second or two of every start; an lm train process with Muon builds,
+    # steps, saves and reloads its optimizer without it, and trains what the library does.
+    sections = {"data": {"cache_dir": str(tmp_path / "cache")},
+                "train": {"optimizer": "muon", "max_steps": 6, "checkpoint_every": 3}}  # fmt: skip
+    path = write_config(tmp_path / "c.yaml", **sections)
+    script = (
+        "import sys\n"
+        "from lm.cli import main\n"
+        "out, cfg = sys.argv[1], sys.argv[2]\n"
+        "assert main(['train', cfg, '--out', out, '--quiet', '--set', 'train.max_steps=3']) == 0\n"
+        "assert main(['train', cfg, '--out', out, '--quiet', '--resume']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))\n"
+    )
+    cmd = [sys.executable, "-c", script, str(tmp_path / "cli"), str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+    train(tiny_config(**sections), tmp_path / "lib", quiet=True)
+    assert_same_weights(tmp_path / "cli", tmp_path / "lib")
+
+
 def test_compiled_model_matches_eager_loss_and_gradients():
     # The CPU path compiles with Inductor's C++ wrapper; same math as eager, to float tolerance.
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40)

@@ -221,6 +221,29 @@ def step_unless_nonfinite(optimizer: torch.optim.Optimizer, finite: torch.Tensor
         del optimizer.found_inf  # type: ignore[attr-defined]
 
 
+def without_dynamo_import() -> None:
+    """Let this process build and use optimizers without importing ``torch._dynamo``.
+
+    PyTorch wraps ``Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and
+    ``load_state_dict`` so that a compiled graph does not trace them; the wrapper imports
+    ``torch._dynamo`` at its first call, about two seconds of every run's start on a CPU (a
+    fifteenth of the Shakespeare recipe: docs/performance.md). The wrapper caches what it calls
+    on the wrapped function; this puts the function itself there, so nothing is imported. It is
+    for an ``lm`` command's own process (``lm.cli``), where no optimizer method runs inside a
+    compiled graph (``train.compile`` compiles the model's forward only), and it leaves a
+    library user's process alone. PyTorch's AdamW imports ``torch._dynamo`` in its step all the
+    same; Muon does not. Where PyTorch's wrapper has another shape, it does nothing."""
+    for method in (
+        torch.optim.Optimizer.add_param_group,
+        torch.optim.Optimizer.zero_grad,
+        torch.optim.Optimizer.state_dict,
+        torch.optim.Optimizer.load_state_dict,
+    ):
+        wrapped = getattr(method, "__wrapped__", None)
+        if wrapped is not None and method.__code__.co_name == "inner":
+            wrapped.__dict__.setdefault("__dynamo_disable", wrapped)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
