@@ -139,29 +139,40 @@ def test_lm_choices_shows_the_cache_and_forgets_it(capsys):
     assert choices.read() == {}
 
 
-def test_jobs_auto_takes_a_job_per_core_only_where_side_by_side_pays(monkeypatch):
+def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeypatch):
     import lm.compare.side_by_side as sbs
 
     cfg = tiny_config(model={"vocab_size": 40})
     device = torch.device("cpu")
-    # Measuring off (the suite), or one core: one job, saying why.
+    # Measuring off (the suite), one core or one run: one job, saying why.
     assert sbs.auto_jobs(cfg, device, 2)[0] == 1
     assert sbs.auto_jobs(cfg, device, 2)[1].why == "LM_TUNE=off"
     monkeypatch.setenv("LM_TUNE", "on")
     assert sbs.auto_jobs(cfg, device, 1)[1].why == "one thread to divide"
-    # Measured: two one-thread runs at once against one run on both cores.
-    timings = {"one": 0.020, "together": 0.015}
+    assert sbs.auto_jobs(cfg, device, 2, runs=1)[1].why == "one run to train"
+    # Measured: a step of one run on both cores, of two one-thread runs at once, a job's start.
+    timings = {"one": 0.020, "together": 0.015, "start": 1.0}
     monkeypatch.setattr(sbs, "_one", lambda m, t, micro, cores: timings["one"])
-    monkeypatch.setattr(sbs, "_together", lambda m, t, micro, cores: timings["together"])
-    n, choice = sbs.auto_jobs(cfg, device, 2)
-    assert (n, choice.how, choice.ms_per_step) == (2, "measured", {"1": 20.0, "2": 15.0})
-    timings["together"] = 0.019  # a gain within drift no longer pays; but the answer is kept
-    assert sbs.auto_jobs(cfg, device, 2)[1].how == "cached"
+    monkeypatch.setattr(
+        sbs, "_together", lambda m, t, micro, cores: (timings["together"], timings["start"])
+    )
+    # 4 runs of 1000 steps: 80 s one at a time; two rounds of (1000 x 2 x 15 ms + 1 s) = 62 s.
+    n, choice = sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)
+    assert (n, choice.how) == (2, "measured")
+    assert choice.ms_per_step == {"1": 20.0, "2": 15.0, "start": 1000.0}
+    assert choice.why == "4 runs of 1000 steps: about 62 s 2 at a time, 80 s one at a time"
+    # The same shape read back, for 3 short runs: 6 s one at a time; (100 x 2 x 15 ms + 1 s)
+    # for the first two, then the third alone on both cores (2 s + 1 s): 7 s. One job.
+    n, choice = sbs.auto_jobs(cfg, device, 2, runs=3, steps=100)
+    assert (n, choice.how, choice.value) == (1, "cached", "1")
+    assert sbs.predict(choice.ms_per_step, 2, 3, 100) == pytest.approx((6.0, 7.0))
+    # A gain per step within drift does not pay: 80 s against 2 x (38 s + 1 s).
     choices.clear()
-    assert sbs.auto_jobs(cfg, device, 2)[0] == 1
+    timings["together"] = 0.019
+    assert sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)[0] == 1
     wider = tiny_config(model={"vocab_size": 40, "d_model": 64})
     timings["together"] = 0.010
-    assert sbs.auto_jobs(wider, device, 2)[1].how == "measured"  # another shape, measured anew
+    assert sbs.auto_jobs(wider, device, 2, runs=4)[1].how == "measured"  # another shape
 
 
 def test_lm_compare_jobs_auto_says_what_it_decided(tmp_path, capsys):

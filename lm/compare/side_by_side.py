@@ -1,21 +1,27 @@
 """``lm compare --jobs auto``: whether runs side by side pay on this machine, measured.
 
 Two one-thread runs at once beat one run on two threads where one run leaves cores idle (a
-small model), and lose where one run already fills them (memory bandwidth, a wide model). So
-``auto`` times the sweep's own training step (its optimizer's included) both ways, on this
-machine: one process on every core, and one process per core at once, each on one thread, all of
-them timing the same stretch of time (a process still starting while another times would let
-it time the machine to itself, and overstate the gain); it takes one job per core where
-their steps together come at most ``GAIN`` of the single run's time per step, else one job.
-The answer is kept by :mod:`lm.runtime.choices` (by CPU, torch, cores, the model's shape and the
-optimizer), so a machine measures each shape once. On GPUs ``auto`` is one job per device,
-unmeasured; with ``LM_TUNE=off`` (the test suite) it is one job.
+small model), and lose where one run already fills them (memory bandwidth, a wide model). And
+each job is a process of its own, which pays its start (imports, its first step) where one run
+at a time trains in lm compare's own process; a short sweep, or one whose last runs are fewer
+than the cores, can lose by that alone. So ``auto`` times the sweep's own training step (its
+optimizer's included) both ways, on this machine: one process on every core, and one process
+per core at once, each on one thread, all of them timing the same stretch of time (a process
+still starting while another times would let it time the machine to itself, and overstate the
+gain), and how long those processes took to start. From these it predicts the whole sweep's
+training both ways (:func:`predict`: its runs, their steps, the rounds, the last runs) and
+takes one job per core where that comes at most ``GAIN`` of one at a time, else one job. The
+measurement is kept by :mod:`lm.runtime.choices` (by CPU, torch, cores, the model's shape and
+the optimizer), so a machine measures each shape once and each sweep decides from it. On GPUs
+``auto`` is one job per device, unmeasured; with ``LM_TUNE=off`` (the test suite) it is one
+job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,8 +33,8 @@ from lm.runtime import choices
 from lm.training.tune import training_step
 
 GAIN = 0.9
-"""Side by side is chosen where the jobs' time per step, together, is at most this fraction of
-one run's on every core: a smaller gain is within a machine's drift."""
+"""Side by side is chosen where the sweep's predicted time is at most this fraction of one run
+at a time on every core: a smaller gain is within a machine's drift."""
 
 WINDOW_S = 1.5
 """Seconds of steps each measurement times, after one warm-up."""
@@ -41,13 +47,18 @@ BARRIER_TIMEOUT_S = 300.0
 would otherwise keep the rest waiting for ever)."""
 
 
-def auto_jobs(config: Config, device: torch.device, cores: int) -> tuple[int, choices.Choice]:
-    """How many runs to train at once for ``config``'s shape, and how that was decided."""
+def auto_jobs(
+    config: Config, device: torch.device, cores: int, runs: int = 2, steps: int | None = None
+) -> tuple[int, choices.Choice]:
+    """How many of ``runs`` runs of ``config``'s shape (``steps`` each; default the config's)
+    to train at once, and how that was decided."""
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
     if cores < 2:
         return 1, choices.Choice("1", "fallback", why="one thread to divide")
+    if runs < 2:
+        return 1, choices.Choice("1", "fallback", why="one run to train")
     if not choices.tuning_enabled():
         return 1, choices.Choice("1", "fallback", why="LM_TUNE=off")
     m, t = config.model, config.train
@@ -58,24 +69,56 @@ def auto_jobs(config: Config, device: torch.device, cores: int) -> tuple[int, ch
         "micro_batch": micro,
         "optimizer": t.optimizer,
         "model": {k: v for k, v in dataclasses.asdict(m).items() if not k.startswith("_")},
+        "measures": "steps and start",  # entries from before START was measured: anew
     }
     candidates = {
         "1": lambda: _one(m, t, micro, cores),
         str(cores): lambda: _together(m, t, micro, cores),
     }
-    choice = choices.choose(
+    measured = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure
     )
-    return int(choice.value), choice
+    alone, together = predict(measured.ms_per_step, cores, runs, steps or t.max_steps)
+    value = str(cores) if together <= GAIN * alone else "1"
+    why = (
+        f"{runs} runs of {steps or t.max_steps} steps: about {together:.0f} s {cores} at a time, "
+        f"{alone:.0f} s one at a time"
+    )
+    return int(value), dataclasses.replace(measured, value=value, why=why)
+
+
+def predict(ms: dict[str, float], cores: int, runs: int, steps: int) -> tuple[float, float]:
+    """Seconds to train ``runs`` runs of ``steps`` steps one at a time on every core, and
+    ``cores`` at a time, from the measured milliseconds (``1``: a step of one run on every
+    core; ``cores``: a step of all the one-thread runs at once; ``start``: a job's start, its
+    process, imports and first step, which a run in lm compare's own process does not pay).
+    The last runs of a sweep, fewer than the cores, take the cores the others leave
+    (:func:`lm.compare.jobs.job_threads`): counted here at one run on every core's rate, so the
+    guess errs towards one at a time."""
+    one, lot, start = ms["1"] / 1000, ms[str(cores)] / 1000, ms.get("start", 0.0) / 1000
+    rounds, rest = divmod(runs, cores)
+    together = rounds * (steps * cores * lot + start)
+    if rest:
+        together += steps * rest * one + start
+    return runs * steps * one, together
 
 
 def _prefer(ms: dict[str, float], cores: int) -> str:
+    """Whether side by side pays per step (what the cache keeps; a sweep decides by
+    :func:`predict`)."""
     return str(cores) if ms[str(cores)] <= GAIN * ms["1"] else "1"
 
 
 def _measure(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
-    """Each candidate's milliseconds per step (it times its own warm-up and steps)."""
-    return {name: round(1000 * run(), 3) for name, run in candidates.items()}
+    """Each candidate's milliseconds per step (it times its own warm-up and steps), and a job's
+    start (from :func:`_together`)."""
+    ms = {}
+    for name, run in candidates.items():
+        seconds = run()
+        if isinstance(seconds, tuple):  # _together: (seconds per step, seconds to start)
+            seconds, ms["start"] = seconds[0], round(1000 * seconds[1], 3)
+        ms[name] = round(1000 * seconds, 3)
+    return dict(sorted(ms.items(), key=lambda kv: kv[0] == "start"))
 
 
 _START: Any = None
@@ -87,15 +130,17 @@ def _share(start: Any) -> None:
     _START = start
 
 
-def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> float:
+def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> tuple[float, float]:
     """The seconds a whole training step of this shape takes (forward, backward and the
     sweep's optimizer: ``lm.training.tune.training_step``) on ``threads`` threads: after a
     warm-up, as many steps as fill ``WINDOW_S``. In :func:`_together`'s pool every process
     starts timing at once, so that each times only the stretch when all of them run (a
-    process timing while another still starts would time a machine to itself)."""
+    process timing while another still starts would time a machine to itself). Also when the
+    process was ready: its imports, the model and the warm-up step done."""
     torch.set_num_threads(threads)
     step = training_step(model, micro, train)
     step()
+    ready = time.time()  # the wall clock, which every process of the pool shares
     if _START is not None:
         _START.wait()
     count, begin = 0, time.perf_counter()
@@ -104,24 +149,30 @@ def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> 
         count += 1
         elapsed = time.perf_counter() - begin
         if elapsed >= WINDOW_S and count >= MIN_STEPS:
-            return elapsed / count
+            return elapsed / count, ready
 
 
 def _one(model: ModelConfig, train: TrainConfig, micro: int, cores: int) -> float:
     """One run on every core: its seconds per step."""
     before = torch.get_num_threads()
     try:
-        return _steps(model, train, micro, cores)
+        return _steps(model, train, micro, cores)[0]
     finally:
         torch.set_num_threads(before)
 
 
-def _together(model: ModelConfig, train: TrainConfig, micro: int, cores: int) -> float:
+def _together(
+    model: ModelConfig, train: TrainConfig, micro: int, cores: int
+) -> tuple[float, float]:
     """``cores`` one-thread runs at once, each in its own process: the seconds per step of the
-    lot (their rates add up)."""
+    lot (their rates add up), and the seconds a process took to be ready, started with the
+    others (the median): what a sweep's job pays before it trains, as it starts beside the
+    others."""
     spawn = multiprocessing.get_context("spawn")
     start = spawn.Barrier(cores, timeout=BARRIER_TIMEOUT_S)
+    launched = time.time()
     with spawn.Pool(cores, initializer=_share, initargs=(start,)) as pool:
         # One task a process (chunksize 1): each waits at the barrier for all the others.
         each = pool.starmap(_steps, [(model, train, micro, 1)] * cores, chunksize=1)
-    return 1.0 / sum(1.0 / s for s in each)
+    lot = 1.0 / sum(1.0 / seconds for seconds, _ in each)
+    return lot, statistics.median(ready - launched for _, ready in each)

@@ -264,7 +264,7 @@ def run_sweep(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
     if jobs == "auto":
-        jobs = _auto_jobs(configs[0], device, log)
+        jobs = _auto_jobs(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
     # disturb: one at a time or --jobs N, every run trains the same numbers.
@@ -276,22 +276,25 @@ def run_sweep(
     return [run_dir for run_dir, _ in plan]
 
 
-def _auto_jobs(config: Config, device: torch.device, log: Callable[[str], None]) -> int:
-    """``--jobs auto``: the runs to train at once, decided for the sweep's first config by
-    :func:`lm.compare.side_by_side.auto_jobs` (its data prepared first: the model's vocabulary
-    is the tokenizer's), and said in one line."""
+def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
+    """``--jobs auto``: the runs to train at once, decided for the sweep's runs and steps at its
+    first config's shape by :func:`lm.compare.side_by_side.auto_jobs` (its data prepared first:
+    the model's vocabulary is the tokenizer's), and said in one line."""
+    config = configs[0]
     data = prepare_data(config.data, log=None)
     vocab = data.tokenizer.vocab_size
     sized = config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
     cores = torch.get_num_threads()
-    n, choice = auto_jobs(sized, device, cores)
+    steps = round(sum(c.train.max_steps for c in configs) / len(configs))
+    n, choice = auto_jobs(sized, device, cores, len(configs), steps)
     if choice.ms_per_step:
         when = "measured now" if choice.how == "measured" else "measured earlier"
-        one, many = choice.ms_per_step["1"], choice.ms_per_step[str(cores)]
+        ms = choice.ms_per_step
         log(
-            f"compare: --jobs auto: {n} ({cores} one-thread runs at once take {many:.0f} ms a "
-            f"step together, one run on {cores} threads {one:.0f} ms; {when} on this machine, "
-            f"kept in {choices.cache_file()})"
+            f"compare: --jobs auto: {n} ({choice.why}; a step of {cores} one-thread runs at "
+            f"once {ms[str(cores)]:.0f} ms, of one run on {cores} threads {ms['1']:.0f} ms, a "
+            f"job's start {ms.get('start', 0) / 1000:.1f} s; {when} on this machine, kept in "
+            f"{choices.cache_file()})"
         )
     else:
         log(f"compare: --jobs auto: {n} ({choice.why})")
