@@ -468,6 +468,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lm.compare.sweep import compare
     from lm.runtime.device import resolve_device
+    from lm.training.optim import without_dynamo_import
+
+    without_dynamo_import()  # a sweep's runs may train in this process
 
     if args.prompt is not None:
         checked_text(args.prompt, "--prompt")

@@ -162,10 +162,14 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     assert choice.ms_per_step == {"1": 20.0, "2": 15.0, "start": 1000.0}
     assert choice.why == "4 runs of 1000 steps: about 62 s 2 at a time, 80 s one at a time"
     # The same shape read back, for 3 short runs: 6 s one at a time; (100 x 2 x 15 ms + 1 s)
-    # for the first two, then the third alone on both cores (2 s + 1 s): 7 s. One job.
+    # for the first two, then the third alone on both cores in lm compare's process (2 s): 6 s,
+    # within drift. One job.
     n, choice = sbs.auto_jobs(cfg, device, 2, runs=3, steps=100)
     assert (n, choice.how, choice.value) == (1, "cached", "1")
-    assert sbs.predict(choice.ms_per_step, 2, 3, 100) == pytest.approx((6.0, 7.0))
+    assert sbs.predict(choice.ms_per_step, 2, 3, 100) == pytest.approx((6.0, 6.0))
+    # 3 cores, 5 runs: a round of three (100 x 3 x 15 ms + 1 s), then two that start as jobs.
+    three = {"1": 20.0, "3": 15.0, "start": 1000.0}
+    assert sbs.predict(three, 3, 5, 100) == pytest.approx((10.0, 5.5 + 2 * 2.0 + 1.0))
     # A gain per step within drift does not pay: 80 s against 2 x (38 s + 1 s).
     choices.clear()
     timings["together"] = 0.019

@@ -8,8 +8,11 @@ and which does not change its numbers: every run equals the same run trained alo
 (tests/test_train.py holds every scheme's gradients equal on one thread and on two). The last
 runs of a sweep, fewer than N, take the cores the others leave: one that would get more cores
 than a full round's share waits for them while the runs holding them are nearly done, and
-otherwise starts on what is free. On GPUs the jobs go round-robin over the visible devices,
-several to a device when there are more jobs than devices.
+otherwise starts on what is free. The last run of all, when it would start with no other
+running, trains in lm compare's own process instead, as one run at a time does: it has every
+core anyway, and a process of its own would pay its start (imports, data) for nothing. On GPUs
+the jobs go round-robin over the visible devices, several to a device when there are more jobs
+than devices.
 
 Progress is read from each run's ``metrics.jsonl``. Ctrl-C or SIGTERM reaches every job, each
 saves a checkpoint at its next step that logs, evaluates or saves, and the same command resumes
@@ -47,18 +50,29 @@ class Job:
 
 
 def run_jobs(
-    jobs: list[Job], n: int, gpus: int, log: Callable[[str], None], cores: int | None = None
+    jobs: list[Job],
+    n: int,
+    gpus: int,
+    log: Callable[[str], None],
+    cores: int | None = None,
+    here: Callable[[Job], None] | None = None,
 ) -> None:
     """Train ``jobs``, ``n`` at a time (round-robin over ``gpus`` devices when there are any),
     until every one has finished; ``cores``: CPU threads to divide between them (None: each
     run keeps its config's). A job that fails or is interrupted, or a signal to this process,
-    stops every job at its next checkpoint; nothing more starts."""
+    stops every job at its next checkpoint; nothing more starts. ``here`` trains a job in this
+    process: the last one, when it would start with no other running (it then has every core
+    and pays no process's start, as one run at a time does)."""
     waiting, running = list(jobs), {}
+    last: Job | None = None
     stopped: list[tuple[int, str]] = []  # (exit status, what the job said last) of early ends
     started, last_progress = 0, time.monotonic()
     with StopSignals() as signals:
         while running or (waiting and not (stopped or signals.received)):
             while waiting and len(running) < n and not (stopped or signals.received):
+                if here is not None and not running and len(waiting) == 1:
+                    last = waiting.pop(0)
+                    break
                 threads = None
                 if cores is not None:
                     threads = job_threads(cores, n, len(waiting), list(running.values()))
@@ -69,6 +83,8 @@ def run_jobs(
                 started += 1
                 on = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
                 log(f"compare: training {job.run_dir} ({len(running)} of {n} jobs running{on})")
+            if last is not None:
+                break
             time.sleep(0.2)
             for job, process in list(running.items()):
                 code = process.returncode()
@@ -93,6 +109,9 @@ def run_jobs(
         raise LMError(f"{failed[0]}; {_what_was_saved(jobs, waiting)}")
     if stopped or signals.received or waiting:
         raise KeyboardInterrupt(f"{_what_was_saved(jobs, waiting)}; the same command again resumes")
+    if last is not None and here is not None:
+        log(f"compare: training {last.run_dir} (the last run: in this process, alone)")
+        here(last)
 
 
 def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:

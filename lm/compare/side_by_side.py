@@ -94,12 +94,13 @@ def predict(ms: dict[str, float], cores: int, runs: int, steps: int) -> tuple[fl
     process, imports and first step, which a run in lm compare's own process does not pay).
     The last runs of a sweep, fewer than the cores, take the cores the others leave
     (:func:`lm.compare.jobs.job_threads`): counted here at one run on every core's rate, so the
-    guess errs towards one at a time."""
+    guess errs towards one at a time; a last run alone trains in lm compare's process and pays
+    no start."""
     one, lot, start = ms["1"] / 1000, ms[str(cores)] / 1000, ms.get("start", 0.0) / 1000
     rounds, rest = divmod(runs, cores)
     together = rounds * (steps * cores * lot + start)
     if rest:
-        together += steps * rest * one + start
+        together += steps * rest * one + (start if rest > 1 else 0.0)
     return runs * steps * one, together
 
 

@@ -339,20 +339,7 @@ def _train_plan(
             args += ["--set", *keys]
             waiting.append((Job(run_dir, args, config.train.max_steps), config))
             continue
-        result = train(
-            config,
-            run_dir,
-            resume=checkpoint is not None,
-            overwrite=checkpoint is None,
-            quiet=quiet,
-        )
-        if result.status == "interrupted":
-            raise KeyboardInterrupt(
-                f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
-                "resumes the sweep"
-            )
-        if result.status not in ("done", "target"):
-            raise LMError(f"{run_dir}: {result.message}")
+        _train_here(train, config, run_dir, checkpoint is not None, quiet)
     if waiting:
         # The first run of each data config makes its tokenizer and ids; here, once, first.
         for data in {c.data: None for _, c in waiting}:
@@ -361,7 +348,28 @@ def _train_plan(
         # On CPU the jobs divide the cores, unless the config fixes every run's threads.
         divide = device.type == "cpu" and base.train.threads is None
         cores = torch.get_num_threads() if divide else None
-        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores)
+        configs_of = {job.run_dir: config for job, config in waiting}
+
+        def here(job: Job) -> None:
+            resume = latest_checkpoint(job.run_dir) is not None
+            _train_here(train, configs_of[job.run_dir], job.run_dir, resume, quiet)
+
+        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores, here)
+
+
+def _train_here(
+    train: Callable[..., Any], config: Config, run_dir: Path, resume: bool, quiet: bool
+) -> None:
+    """Train one run of the sweep in this process; an interruption or a failure, said in one
+    line."""
+    result = train(config, run_dir, resume=resume, overwrite=not resume, quiet=quiet)
+    if result.status == "interrupted":
+        raise KeyboardInterrupt(
+            f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
+            "resumes the sweep"
+        )
+    if result.status not in ("done", "target"):
+        raise LMError(f"{run_dir}: {result.message}")
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:

@@ -226,13 +226,13 @@ def without_dynamo_import() -> None:
 
     PyTorch wraps ``Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and
     ``load_state_dict`` so that a compiled graph does not trace them; the wrapper imports
-    ``torch._dynamo`` at its first call, about two seconds of every run's start on a CPU (a
-    fifteenth of the Shakespeare recipe: docs/performance.md). The wrapper caches what it calls
-    on the wrapped function; this puts the function itself there, so nothing is imported. It is
-    for an ``lm`` command's own process (``lm.cli``), where no optimizer method runs inside a
-    compiled graph (``train.compile`` compiles the model's forward only), and it leaves a
-    library user's process alone. PyTorch's AdamW imports ``torch._dynamo`` in its step all the
-    same; Muon does not. Where PyTorch's wrapper has another shape, it does nothing."""
+    ``torch._dynamo`` at its first call, about 1.5 s of every run's start on a CPU (a twentieth
+    of the Shakespeare recipe: docs/performance.md). The wrapper caches what it calls on the
+    wrapped function; this puts the function itself there, so nothing is imported. It is for the
+    process of ``lm train`` and ``lm compare`` (``lm.cli``), where no optimizer method runs
+    inside a compiled graph (``train.compile`` compiles the model's forward only); a library
+    user's process is left alone. PyTorch's AdamW imports ``torch._dynamo`` in its step all the
+    same; Muon does not. Where PyTorch's wrapper has another shape, this does nothing."""
     for method in (
         torch.optim.Optimizer.add_param_group,
         torch.optim.Optimizer.zero_grad,
