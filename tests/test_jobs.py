@@ -1,4 +1,4 @@
-"""``lm compare --jobs N``: runs of a sweep trained side by side, each in its own process."""
+"""``lm compare --jobs N``: runs of a sweep trained side by side, in processes of their own."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from _support import assert_same_weights, losses, metrics, write_config
 from lm.cli import main
 from lm.compare.jobs import Job, job_threads
 from lm.compare.measure import MEASURED
+from lm.config.errors import LMError
 from lm.runs.checkpoint import latest_checkpoint
 
 SCHEMES = ("rope", "alibi", "learned")
@@ -168,3 +169,42 @@ def test_each_job_measures_its_run_and_the_report_equals_one_measured_alone(swee
         for key in ("extrapolation", "continuation", "accuracy", "parameters", "step"):
             assert run[key] == alone[label][key], (label, key)
         assert run["extrapolation"][0]["loss"] is not None
+
+
+def test_a_job_slot_trains_one_run_after_another_as_lm_train_would(tmp_path, monkeypatch):
+    import lm.compare.jobs as jobs_module
+
+    cfg = write_config(
+        tmp_path / "tiny.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 4, "eval_every": 0, "checkpoint_every": 0},
+    )
+    slots = []
+
+    class Counted(jobs_module._Slot):
+        def __init__(self, *args):
+            super().__init__(*args)
+            slots.append(self)
+
+    monkeypatch.setattr(jobs_module, "_Slot", Counted)
+    runs = [tmp_path / f"seed{seed}" for seed in (1, 2, 3)]
+    queue = [
+        Job(run, [str(cfg), "--out", str(run), "--overwrite", "--set", f"train.seed={seed}"], 4)
+        for seed, run in enumerate(runs, 1)
+    ]
+    jobs_module.run_jobs(queue, 2, 0, lambda line: None, cores=2)
+    assert len(slots) == 2  # three runs in two slots: one of them trained two
+    for job in queue:
+        argv = json.loads((job.run_dir / "run.json").read_text())["argv"]
+        assert argv[0].endswith(os.path.join("lm", "__main__.py"))
+        assert argv[1:4] == ["train", *job.args[:2]] and "--quiet" in argv
+    # The run a slot trained second is the run lm train makes alone.
+    assert main(["train", str(cfg), "--out", str(tmp_path / "alone"), "--quiet",
+                 "--set", "train.seed=3"]) == 0  # fmt: skip
+    assert_same_weights(runs[2], tmp_path / "alone")
+    # A refused run: its one line, from the slot's own part of standard error.
+    bad = Job(
+        tmp_path / "bad", [str(cfg), "--out", str(tmp_path / "bad"), "--set", "train.stpes=3"], 3
+    )
+    with pytest.raises(LMError, match=r"bad: .*train\.stpes"):
+        jobs_module.run_jobs([bad], 1, 0, lambda line: None, cores=2)

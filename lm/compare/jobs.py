@@ -1,8 +1,10 @@
-"""The runs of a sweep trained side by side (``lm compare --jobs N``), each in its own process.
+"""The runs of a sweep trained side by side (``lm compare --jobs N``), in processes of their own.
 
 A model this small leaves most of a machine idle: a 0.8M-parameter run keeps two CPU cores
-less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, each as ``python
--m lm train`` with the sweep's own config, keys and seed (the command its ``run.json`` records).
+less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, in N job slots:
+worker processes (:mod:`lm.compare.worker`) that each train one run after another as ``python
+-m lm train`` would, with the sweep's own config, keys and seed (the command its ``run.json``
+records), and pay their start (imports) once.
 On CPU the cores are divided between the jobs through ``train.threads``, which a run records
 and which does not change its numbers: every run equals the same run trained alone, bit for bit
 (tests/test_train.py holds every scheme's gradients equal on one thread and on two). The last
@@ -21,11 +23,15 @@ them; a job that fails stops the others the same way.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,10 +70,13 @@ def run_jobs(
     process: the last one, when it would start with no other running (it then has every core
     and pays no process's start, as one run at a time does)."""
     waiting, running = list(jobs), {}
+    slots: list[_Slot] = []  # every worker started
+    idle: list[_Slot] = []  # those waiting for a job
     last: Job | None = None
     stopped: list[tuple[int, str]] = []  # (exit status, what the job said last) of early ends
-    started, last_progress = 0, time.monotonic()
-    with StopSignals() as signals:
+    last_progress = time.monotonic()
+    with StopSignals() as signals, contextlib.ExitStack() as workers:
+        workers.callback(lambda: [slot.close() for slot in slots])
         while running or (waiting and not (stopped or signals.received)):
             while waiting and len(running) < n and not (stopped or signals.received):
                 if here is not None and not running and len(waiting) == 1:
@@ -79,28 +88,33 @@ def run_jobs(
                     if threads is None:
                         break  # the runs holding the cores it will get are nearly done
                 job = waiting.pop(0)
-                running[job] = _Process(job, started, gpus, threads)
-                started += 1
+                if not idle:
+                    slots.append(_Slot(len(slots), gpus))
+                    idle.append(slots[-1])
+                running[job] = slot = idle.pop()
+                slot.start(job, threads)
                 on = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
                 log(f"compare: training {job.run_dir} ({len(running)} of {n} jobs running{on})")
             if last is not None:
                 break
             time.sleep(0.2)
-            for job, process in list(running.items()):
-                code = process.returncode()
+            for job, slot in list(running.items()):
+                code = slot.returncode()
                 if code is not None:
                     del running[job]
-                    said = process.said(job)
+                    said = slot.said(job)
+                    if slot.alive():
+                        idle.append(slot)
                     # Told to stop, a job that ends by the signal was interrupted: in its loop
                     # the signal only asks for a checkpoint, and earlier ones stay intact.
-                    told = process.asked or signals.received is not None
+                    told = slot.asked or signals.received is not None
                     if told and code in (-signal.SIGINT, -signal.SIGTERM):
                         code = 130
                     if code:
                         stopped.append((code, said))
             if stopped or signals.received:  # each job saves a checkpoint, then ends
-                for process in running.values():
-                    process.stop()
+                for slot in running.values():
+                    slot.stop()
             if running and time.monotonic() - last_progress > PROGRESS_EVERY_S:
                 log("compare: " + "; ".join(_progress(job) for job in running))
                 last_progress = time.monotonic()
@@ -129,42 +143,95 @@ def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:
     return "stopped: " + ", ".join(parts)
 
 
-class _Process:
-    """One job's ``lm train`` process, what it writes to standard error kept in a file."""
+class _Slot:
+    """A job slot: its worker process (:mod:`lm.compare.worker`), which trains one run after
+    another, what it writes to standard error kept in a file, and the job it trains now."""
 
-    def __init__(self, job: Job, index: int, gpus: int, threads: int | None):
-        self.job, self.threads = job, threads or 0
+    def __init__(self, index: int, gpus: int):
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
-        # Open as long as the process runs; said() reads and closes it.
+        # Open as long as the slot runs; each job's part of it is read when the job ends.
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115
-        command = [sys.executable, "-m", "lm", "train", *job.args, "--quiet"]
-        if threads:
-            command += ["--set", f"train.threads={threads}"]
-        # The job shares lm compare's process group: Ctrl-C in a terminal reaches both.
-        self.asked = False
+        # The slot shares lm compare's process group: Ctrl-C in a terminal reaches both.
         self._process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=self._stderr
+            [sys.executable, "-m", "lm.compare.worker"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            encoding="utf-8",
         )
+        # Exit statuses of its jobs as the worker answers them; None: the worker has ended.
+        self._answers: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.job: Job | None = None
+        self.threads, self.asked, self._said_from = 0, False, 0
+
+    def _read(self) -> None:
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            self._answers.put(int(json.loads(line)["code"]))
+        self._answers.put(None)
+
+    def start(self, job: Job, threads: int | None) -> None:
+        """Train ``job`` (on ``threads`` threads; None: its config's)."""
+        args = [*job.args, "--quiet"]
+        if threads:
+            args += ["--set", f"train.threads={threads}"]
+        self.job, self.threads, self.asked = job, threads or 0, False
+        self._said_from = os.fstat(self._stderr.fileno()).st_size
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps(args) + "\n")
+            self._process.stdin.flush()
+        except OSError:  # the worker has ended: returncode() says how
+            pass
 
     def returncode(self) -> int | None:
-        return self._process.poll()
+        """The exit status of the job it trains, once it has ended (None: still training)."""
+        try:
+            answer = self._answers.get_nowait()
+        except queue.Empty:
+            return None
+        if answer is None:  # the worker ended, and its job with it
+            return self._process.wait()
+        return answer
+
+    def alive(self) -> bool:
+        return self._process.poll() is None
 
     def stop(self) -> None:
         """Ask once: a second signal could end the job while it finishes its checkpoint."""
-        if not self.asked and self._process.poll() is None:
+        if not self.asked and self.alive():
             self._process.send_signal(signal.SIGTERM)
             self.asked = True
 
     def said(self, job: Job) -> str:
         """The job's last line of standard error (its error, said in one line), with its run."""
-        self._stderr.seek(0)
+        self._stderr.seek(self._said_from)
         lines = [line.strip() for line in self._stderr.read().splitlines() if line.strip()]
-        self._stderr.close()
         if not lines:
-            return f"{job.run_dir}: ended with exit status {self._process.returncode}"
+            status = self._process.returncode
+            return f"{job.run_dir}: ended with exit status {status if status is not None else 1}"
         return f"{job.run_dir}: {lines[-1].removeprefix('lm: error: ').removeprefix('lm: ')}"
+
+    def close(self) -> None:
+        """End the worker (the end of its input) and wait for it."""
+        with contextlib.suppress(OSError):
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=CLOSE_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._stderr.close()
+
+
+CLOSE_S = 60.0
+"""How long an idle worker may take to end once its input has ended."""
 
 
 def _newest(job: Job) -> dict | None:
@@ -187,7 +254,7 @@ def _progress(job: Job) -> str:
 NEARLY_DONE = 0.9  # of its steps: a run this far gives its cores back soon
 
 
-def job_threads(cores: int, n: int, waiting: int, running: list[_Process]) -> int | None:
+def job_threads(cores: int, n: int, waiting: int, running: list[_Slot]) -> int | None:
     """CPU threads for the next of ``waiting`` jobs to start beside ``running``: ``cores``
     divided between the jobs that will run together. The last ones, fewer than ``n``, get more
     than a full round's share: such a job waits (None) while the runs holding those cores are
