@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=_jobs,
         default=1,
-        help="runs trained at once, each in its own process (default 1): on CPU the cores are "
+        help="runs trained at once, in processes of their own (default 1): on CPU the cores are "
         "divided between them (train.threads), on GPUs they go round-robin over the devices; "
         "auto: one per core where the sweep, predicted from steps and a job's start measured "
         "here, takes at most 0.9 of one at a time, else 1 (one per GPU)",
@@ -329,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what train.dtype: auto measured on this machine, and where it is kept",
     )
     h.add_argument("--clear", action="store_true", help="forget every measured choice")
+    sub.add_parser("job-slot")  # lm compare's own, unlisted: see _cmd_job_slot
     return parser
 
 
@@ -358,6 +359,35 @@ def _cmd_train(args: argparse.Namespace) -> int:
             raise LMError("--measure: give the run's --out")
         measure_job(Path(args.out), args.measure)
     return code
+
+
+def _cmd_job_slot(args: argparse.Namespace) -> int:
+    """A job slot of ``lm compare --jobs N`` (``lm.compare.jobs``): it trains the runs it is
+    given one after another in this process, so that it pays its start (imports) once. Each
+    line on standard input is the JSON list of one run's ``lm train`` arguments; the run trains
+    as ``python -m lm train ARGS`` would (``sys.argv`` too, which its run.json records), and the
+    slot answers with its exit status, ``{"code": N}``, one line on standard output; what lm
+    train says goes to standard error. End of input ends the slot; Ctrl-C while it waits, too."""
+    import contextlib
+    import json
+
+    if sys.stdin.isatty():
+        raise LMError("job-slot: lm compare --jobs runs this itself, with runs on standard input")
+    answers, program = sys.stdout, sys.argv[0]
+    try:
+        for line in sys.stdin:
+            argv = ["train", *json.loads(line)]
+            sys.argv = [program, *argv]
+            with contextlib.redirect_stdout(sys.stderr):  # standard output is the answers
+                try:
+                    code = main(argv)
+                except SystemExit as e:  # argparse's refusal of the arguments
+                    code = e.code if isinstance(e.code, int) else 2
+            answers.write(json.dumps({"code": code}) + "\n")
+            answers.flush()
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def checked_text(text: str, where: str) -> str:
@@ -612,6 +642,7 @@ COMMANDS = {
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,
+    "job-slot": _cmd_job_slot,
 }
 
 
