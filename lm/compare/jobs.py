@@ -75,8 +75,8 @@ def run_jobs(
     last: Job | None = None
     stopped: list[tuple[int, str]] = []  # (exit status, what the job said last) of early ends
     last_progress = time.monotonic()
-    with StopSignals() as signals, contextlib.ExitStack() as workers:
-        workers.callback(lambda: [slot.close() for slot in slots])
+    with StopSignals() as signals, contextlib.ExitStack() as ends:
+        ends.callback(_close, slots)
         while running or (waiting and not (stopped or signals.received)):
             while waiting and len(running) < n and not (stopped or signals.received):
                 if here is not None and not running and len(waiting) == 1:
@@ -102,7 +102,7 @@ def run_jobs(
                 code = slot.returncode()
                 if code is not None:
                     del running[job]
-                    said = slot.said(job)
+                    said = slot.said(job, code)
                     if slot.alive():
                         idle.append(slot)
                     # Told to stop, a job that ends by the signal was interrupted: in its loop
@@ -208,13 +208,13 @@ class _Slot:
             self._process.send_signal(signal.SIGTERM)
             self.asked = True
 
-    def said(self, job: Job) -> str:
-        """The job's last line of standard error (its error, said in one line), with its run."""
+    def said(self, job: Job, code: int) -> str:
+        """The job's last line of standard error (its error, said in one line), with its run;
+        ``code``: its exit status."""
         self._stderr.seek(self._said_from)
         lines = [line.strip() for line in self._stderr.read().splitlines() if line.strip()]
         if not lines:
-            status = self._process.returncode
-            return f"{job.run_dir}: ended with exit status {status if status is not None else 1}"
+            return f"{job.run_dir}: ended with exit status {code}"
         return f"{job.run_dir}: {lines[-1].removeprefix('lm: error: ').removeprefix('lm: ')}"
 
     def close(self) -> None:
@@ -232,6 +232,11 @@ class _Slot:
 
 CLOSE_S = 60.0
 """How long an idle worker may take to end once its input has ended."""
+
+
+def _close(slots: list[_Slot]) -> None:
+    for slot in slots:
+        slot.close()
 
 
 def _newest(job: Job) -> dict | None:
