@@ -27,8 +27,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (it prints usage plus an error by default)."""
 
     def error(self, message: str) -> NoReturn:
+        message = message.replace(f", {JOB_SLOT!r}", "")  # lm compare's own, not a user's
         print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+JOB_SLOT = "job-slot"
+"""The unlisted command a job slot of ``lm compare --jobs N`` runs (:func:`_cmd_job_slot`)."""
 
 
 def one_line(text: str) -> str:
@@ -329,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what train.dtype: auto measured on this machine, and where it is kept",
     )
     h.add_argument("--clear", action="store_true", help="forget every measured choice")
-    sub.add_parser("job-slot")  # lm compare's own, unlisted: see _cmd_job_slot
+    sub.add_parser(JOB_SLOT)  # lm compare's own, unlisted: see _cmd_job_slot
     return parser
 
 
@@ -622,8 +627,10 @@ def _cmd_choices(args: argparse.Namespace) -> int:
         what = json.loads(key)
         model = what.get("model", {})
         timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
+        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
+        value = "each sweep from" if what.get("kind") == "compare.jobs" else kept.get("value")
         print(
-            f"{what.get('kind')}: {kept.get('value')} ({timings}; measured {kept.get('measured')}) "
+            f"{what.get('kind')}: {value} ({timings}; measured {kept.get('measured')}) "
             f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
             f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
             + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
@@ -642,7 +649,7 @@ COMMANDS = {
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,
-    "job-slot": _cmd_job_slot,
+    JOB_SLOT: _cmd_job_slot,
 }
 
 

@@ -163,6 +163,11 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     expect_error(capsys, argv, message)
 
 
+def test_a_mistyped_command_is_not_offered_lm_compares_own(capsys):
+    err = expect_error(capsys, ["trian"], "invalid choice: 'trian' (choose from 'train', 'sample'")
+    assert "job-slot" not in err and "'choices')" in err
+
+
 def test_rope_settings_in_a_training_config_are_refused_in_one_line(tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml")
     for setting, message in [
