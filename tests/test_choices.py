@@ -152,7 +152,7 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     assert sbs.auto_jobs(cfg, device, 2, runs=1)[1].why == "one run to train"
     # Measured: a step of one run on both cores, of two one-thread runs at once, a job's start.
     timings = {"one": 0.020, "together": 0.015, "start": 1.0}
-    monkeypatch.setattr(sbs, "_one", lambda m, t, micro, cores: timings["one"])
+    monkeypatch.setattr(sbs, "_one", lambda m, t, micro, cores: (timings["one"], None))
     monkeypatch.setattr(
         sbs, "_together", lambda m, t, micro, cores: (timings["together"], timings["start"])
     )

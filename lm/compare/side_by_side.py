@@ -69,7 +69,7 @@ def auto_jobs(
         "micro_batch": micro,
         "optimizer": t.optimizer,
         "model": {k: v for k, v in dataclasses.asdict(m).items() if not k.startswith("_")},
-        "measures": "steps and start",  # entries from before START was measured: anew
+        "measures": "steps and start",  # entries kept before a job's start was timed: anew
     }
     candidates = {
         "1": lambda: _one(m, t, micro, cores),
@@ -110,16 +110,16 @@ def _prefer(ms: dict[str, float], cores: int) -> str:
     return str(cores) if ms[str(cores)] <= GAIN * ms["1"] else "1"
 
 
-def _measure(candidates: dict[str, Callable[[], float]]) -> dict[str, float]:
+def _measure(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
     """Each candidate's milliseconds per step (it times its own warm-up and steps), and a job's
-    start (from :func:`_together`)."""
+    start (``start``: :func:`_together`'s; one run in this process has none)."""
     ms = {}
     for name, run in candidates.items():
-        seconds = run()
-        if isinstance(seconds, tuple):  # _together: (seconds per step, seconds to start)
-            seconds, ms["start"] = seconds[0], round(1000 * seconds[1], 3)
+        seconds, start = run()
         ms[name] = round(1000 * seconds, 3)
-    return dict(sorted(ms.items(), key=lambda kv: kv[0] == "start"))
+        if start is not None:
+            ms["start"] = round(1000 * start, 3)
+    return ms
 
 
 _START: Any = None
@@ -153,11 +153,11 @@ def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> 
             return elapsed / count, ready
 
 
-def _one(model: ModelConfig, train: TrainConfig, micro: int, cores: int) -> float:
-    """One run on every core: its seconds per step."""
+def _one(model: ModelConfig, train: TrainConfig, micro: int, cores: int) -> tuple[float, None]:
+    """One run on every core: its seconds per step (and no process's start)."""
     before = torch.get_num_threads()
     try:
-        return _steps(model, train, micro, cores)[0]
+        return _steps(model, train, micro, cores)[0], None
     finally:
         torch.set_num_threads(before)
 

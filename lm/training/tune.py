@@ -102,7 +102,8 @@ def training_choices(
         kernel_auto = False
     if dtype_auto:
         table = resolve_dtype("auto", device, dataclasses.replace(config.model, kernel=kernel))
-        dtype_why = why or ("no bf16 instructions on this CPU: fp32" * (cpu_bf16_kind() == "none"))
+        no_bf16 = cpu_bf16_kind() == "none"
+        dtype_why = why or ("no bf16 instructions on this CPU: fp32" if no_bf16 else "")
         if dtype_why:
             dtype, dtype_auto = table, False
             if device.type == "cpu":  # a GPU's rule: there is nothing of this machine's to record
@@ -125,9 +126,10 @@ def training_choices(
     if not dtype_auto:
         context["dtype"] = next(iter(dtypes))
     model, micro = config.model, config.train.batch_size // config.train.accumulation(1)
+    # One model per kernel; the dtype is only autocast's.
+    nets = {k: training_step(dataclasses.replace(model, kernel=k), micro) for k in kernels}
     steps = {
-        name: choices.timed(_step_with(model, micro, dtypes[d], k))
-        for name, (d, k) in pairs.items()
+        name: choices.timed(lambda d=d, k=k: nets[k](dtypes[d])) for name, (d, k) in pairs.items()
     }
     choice = choices.choose(kind, context, steps, lambda ms: _prefer_pair(ms, pairs))
     d, k = pairs[choice.value]
@@ -178,11 +180,6 @@ def _context(config: Config, processes: int) -> dict:
     }
 
 
-def _step_with(model: ModelConfig, micro: int, dtype: torch.dtype, kernel: str):
-    step = training_step(dataclasses.replace(model, kernel=kernel), micro)
-    return lambda: step(dtype)
-
-
 def training_step(
     model: ModelConfig, micro: int, train: TrainConfig | None = None
 ) -> Callable[[torch.dtype], None]:
@@ -226,12 +223,8 @@ def _prefer_pair(ms: dict[str, float], pairs: dict[str, tuple[str, str]]) -> str
         by_dtype.setdefault(d, {})[k] = name
     best = {}
     for d, names in by_dtype.items():
-        k = (
-            _prefer_kernel({k: ms[n] for k, n in names.items()})
-            if len(names) > 1
-            else next(iter(names))
-        )
-        best[d] = names[k]
+        faster = _prefer_kernel({k: ms[n] for k, n in names.items()}) if len(names) > 1 else None
+        best[d] = names[faster] if faster else next(iter(names.values()))
     if len(best) == 1:
         return next(iter(best.values()))
     return best[_prefer({d: ms[n] for d, n in best.items()})]
