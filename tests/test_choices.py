@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import subprocess
+import sys
+import time
+import types
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from _support import tiny_config
 import lm.training.tune as tune
 from lm.cli import main
 from lm.runtime import choices
+from lm.runtime.choices import cpu_seconds
 from lm.training.loop import train
 
 
@@ -49,6 +54,46 @@ def test_a_choice_is_measured_once_per_shape_and_machine_then_read_back(monkeypa
     assert len(calls) == 32
     kept = choices.read()
     assert len(kept) == 4 and all(json.loads(k)["kind"] == "train.dtype" for k in kept)
+
+
+def test_a_measurement_beside_other_work_is_used_but_not_kept(monkeypatch):
+    monkeypatch.setattr(choices, "cpu_seconds", cpu_seconds)  # watched, as outside the suite
+    if cpu_seconds() is None:
+        pytest.skip("no /proc/stat: nothing is watched on this system")
+
+    def idle():  # a candidate that leaves the CPUs to whatever else runs
+        time.sleep(0.1)
+        return 0.1
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        made = choices.choose("k", {}, {"fp32": idle, "bf16": idle}, tune._prefer)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert made.how == "measured" and made.value == "fp32"
+    assert re.fullmatch(
+        r"other work kept \d+\.\d of this machine's \d+ CPUs busy while it ran", made.not_kept
+    )
+    assert made.record()["not_kept"] == made.not_kept and "cache" not in made.record()
+    assert choices.read() == {}  # the next run measures again
+
+
+def test_the_watch_counts_only_work_beyond_the_cpus_a_measurement_leaves_free(monkeypatch):
+    now = {"busy": 100.0, "wall": 10.0}  # the machine's busy CPU-seconds, the clock
+    monkeypatch.setattr(choices, "cpu_seconds", lambda: (now["busy"], 4))
+    monkeypatch.setattr(choices, "own_cpu_seconds", lambda: 0.0)
+    monkeypatch.setattr(choices, "time", types.SimpleNamespace(perf_counter=lambda: now["wall"]))
+    watch = choices.OtherWork()
+    now.update(busy=101.2, wall=11.0)  # a second in which other work took 1.2 CPU-seconds
+    assert watch.cpus() == pytest.approx((1.2, 4))
+    # Measuring on 2 of 4 CPUs leaves 2 free for it; on all 4, 1.2 CPUs of it is too much.
+    assert watch.disturbed(2) == ""
+    assert watch.disturbed(None) == "other work kept 1.2 of this machine's 4 CPUs busy while it ran"
+    now.update(busy=101.4, wall=12.0)  # quieter since: 1.4 CPU-seconds in two seconds
+    assert watch.disturbed(None) == "other work kept 0.7 of this machine's 4 CPUs busy while it ran"
+    now.update(busy=101.5, wall=17.0)
+    assert watch.disturbed(None) == ""  # 0.21 CPUs on average: within the slack
 
 
 def test_bf16_is_kept_only_where_clearly_faster():
@@ -104,6 +149,22 @@ def test_a_run_left_to_auto_records_what_was_measured_and_the_next_reads_it(
         for r in "ac"
     ]
     assert losses[0] == losses[1] and any(loss is not None for loss in losses[0])
+
+
+def test_a_run_that_measured_beside_other_work_says_so_and_keeps_nothing(
+    tmp_path, measuring, monkeypatch, capsys
+):
+    readings = iter(range(0, 10**6, 1000))  # every CPU busy all the time, none of it this run
+    monkeypatch.setattr(choices, "cpu_seconds", lambda: (float(next(readings)), 2))
+    train(auto_config(), tmp_path / "a")
+    choice = ran(tmp_path / "a")["dtype_choice"]
+    assert choice["how"] == "measured" and "other work kept" in choice["not_kept"]
+    assert "cache" not in choice and not choices.cache_file().exists()
+    err = capsys.readouterr().err
+    assert "measured now (" in err and "not kept: other work kept" in err
+    assert "the next run measures again" in err
+    train(auto_config(), tmp_path / "b")
+    assert ran(tmp_path / "b")["dtype_choice"]["how"] == "measured"
 
 
 def test_a_resume_keeps_the_dtype_it_trained_with(tmp_path, measuring, monkeypatch):

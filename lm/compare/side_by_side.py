@@ -76,8 +76,9 @@ def auto_jobs(
         str(cores): lambda: _together(m, t, micro, cores),
     }
     measured = choices.choose(
-        "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure
-    )
+        "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
+        cpus_used=cores,
+    )  # fmt: skip
     alone, together = predict(measured.ms_per_step, cores, runs, steps or t.max_steps)
     value = str(cores) if together <= GAIN * alone else "1"
     why = (

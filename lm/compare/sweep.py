@@ -288,17 +288,23 @@ def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str],
     steps = round(sum(c.train.max_steps for c in configs) / len(configs))
     n, choice = auto_jobs(sized, device, cores, len(configs), steps)
     if choice.ms_per_step:
-        when = "measured now" if choice.how == "measured" else "measured earlier"
         ms = choice.ms_per_step
         log(
             f"compare: --jobs auto: {n} ({choice.why}; a step of {cores} one-thread runs at "
             f"once {ms[str(cores)]:.0f} ms, of one run on {cores} threads {ms['1']:.0f} ms, a "
-            f"job's start {ms.get('start', 0) / 1000:.1f} s; {when} on this machine, kept in "
-            f"{choices.cache_file()})"
+            f"job's start {ms.get('start', 0) / 1000:.1f} s; {_said(choice)})"
         )
     else:
         log(f"compare: --jobs auto: {n} ({choice.why})")
     return n
+
+
+def _said(choice: choices.Choice) -> str:
+    """Where ``--jobs auto``'s timings come from, and whether they were kept."""
+    if choice.not_kept:
+        return f"measured now, not kept: {choice.not_kept}; the next sweep measures again"
+    when = "measured now" if choice.how == "measured" else "measured earlier"
+    return f"{when} on this machine, kept in {choices.cache_file()}"
 
 
 def _train_plan(

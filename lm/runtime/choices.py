@@ -13,6 +13,13 @@ prints the file and what it holds; ``lm choices --clear`` empties it.
 trains the same numbers one at a time or side by side): a choice then comes from the fallback
 its caller gives, as it would without this module.
 
+A measurement taken while other work kept the CPUs busy times that work as much as the
+candidates, and a cached answer would outlive it. So each measurement is watched (Linux's
+``/proc/stat``: the CPU time every CPU spent busy, less this process's and its children's); one
+during which other work took more than the CPUs it left free is used by the run that made it
+but not kept, and the next run measures again. Where ``/proc/stat`` cannot be read (not Linux)
+nothing is watched.
+
 This module times what it is given and keeps the answers; what to time (a training step in
 each dtype) is the caller's (``lm.training.tune``). It imports no torch.
 """
@@ -32,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 FILE = "choices.json"
+
+BUSY_SLACK = 0.25
+"""CPUs' worth of other work a kept measurement may have run beside, beyond the CPUs it left
+free: a quiet machine's own housekeeping stays well under it, a second program does not."""
 
 
 def cache_file() -> Path:
@@ -80,14 +91,17 @@ class Choice:
     how: str
     ms_per_step: dict[str, float] = field(default_factory=dict)
     why: str = ""
+    not_kept: str = ""  # a measurement the cache refused: why (other work ran beside it)
 
     def record(self) -> dict[str, Any]:
         """As run.json's ``ran`` keeps it."""
         out: dict[str, Any] = {"value": self.value, "how": self.how}
         if self.ms_per_step:
             out["ms_per_step"] = self.ms_per_step
-        if self.how in ("measured", "cached"):
+        if self.how in ("measured", "cached") and not self.not_kept:
             out["cache"] = str(cache_file())
+        if self.not_kept:
+            out["not_kept"] = self.not_kept
         if self.why:
             out["why"] = self.why
         return out
@@ -138,16 +152,22 @@ def choose(
     candidates: dict[str, Callable[[], float]],
     prefer: Callable[[dict[str, float]], str],
     measure: Callable[[dict[str, Callable[[], float]]], dict[str, float]] | None = None,
+    cpus_used: int | None = None,
 ) -> Choice:
     """The kept choice of ``kind`` for ``context`` on this machine, or a new measurement:
     each of ``candidates`` (name -> a function timing one step, in seconds) is timed in turn,
-    interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step."""
+    interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step.
+    ``cpus_used``: the CPUs the measurement keeps busy (default: all), so that other work on
+    the rest does not count against it; a measurement beside more is not kept."""
     k = key(kind, context)
     kept = read().get(k)
     if kept and kept.get("value") in candidates:
         return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
+    watch = OtherWork()
     ms = (measure or interleaved)(candidates)
     value = prefer(ms)
+    if busy := watch.disturbed(cpus_used):
+        return Choice(value, "measured", ms, not_kept=busy)
     entries = read()
     entries[k] = {
         "value": value,
@@ -156,6 +176,61 @@ def choose(
     }
     _write(entries)
     return Choice(value, "measured", ms)
+
+
+def cpu_seconds() -> tuple[float, int] | None:
+    """The seconds this machine's CPUs have spent busy since it booted, all of them together
+    (user, nice, system, interrupts and steal: a virtual machine's CPU lent to another), and
+    how many CPUs there are; None where ``/proc/stat`` cannot be read."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        fields = [int(v) for v in lines[0].split()[1:]]
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / ticks, cpus
+
+
+def own_cpu_seconds() -> float:
+    """The CPU seconds of this process and of the children it has waited for (a measurement's
+    pool of processes has ended before it is read)."""
+    import resource
+
+    me, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+class OtherWork:
+    """Watches, from its creation, how much of the machine work other than this process (and
+    its children) keeps busy."""
+
+    def __init__(self) -> None:
+        self.machine, self.own, self.wall = cpu_seconds(), own_cpu_seconds(), time.perf_counter()
+
+    def cpus(self) -> tuple[float, int] | None:
+        """The CPUs' worth other work kept busy on average so far, and the machine's CPUs;
+        None where that cannot be read."""
+        now = cpu_seconds()
+        if now is None or self.machine is None:
+            return None
+        wall = max(time.perf_counter() - self.wall, 1e-9)
+        others = (now[0] - self.machine[0]) - (own_cpu_seconds() - self.own)
+        return max(others, 0.0) / wall, now[1]
+
+    def disturbed(self, cpus_used: int | None) -> str:
+        """Why a measurement made since the start is not to be kept, or '' where it may be:
+        other work took more than the CPUs it left free, plus ``BUSY_SLACK``."""
+        seen = self.cpus()
+        if seen is None:
+            return ""
+        others, cpus = seen
+        free = max(cpus - (cpus if cpus_used is None else cpus_used), 0)
+        if others <= free + BUSY_SLACK:
+            return ""
+        return f"other work kept {others:.1f} of this machine's {cpus} CPUs busy while it ran"
 
 
 def interleaved(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:

@@ -316,6 +316,12 @@ def _say_measured(run: _Run, chosen: Chosen) -> None:
     first = next(iter(said.values()))  # one measurement decides both when both are left to it
     values = ", ".join(f"{k} {c.value}" for k, c in said.items())
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in first.ms_per_step.items())
+    if first.not_kept:
+        run.log(
+            f"lm: auto: {values}, measured now ({timings} a step), not kept: {first.not_kept}; "
+            "the next run measures again"
+        )
+        return
     when = "measured now" if first.how == "measured" else "measured earlier"
     run.log(
         f"lm: auto: {values}, {when} on this machine ({timings} a step; kept in "

@@ -131,7 +131,8 @@ def training_choices(
     steps = {
         name: choices.timed(lambda d=d, k=k: nets[k](dtypes[d])) for name, (d, k) in pairs.items()
     }
-    choice = choices.choose(kind, context, steps, lambda ms: _prefer_pair(ms, pairs))
+    prefer = lambda ms: _prefer_pair(ms, pairs)  # noqa: E731
+    choice = choices.choose(kind, context, steps, prefer, cpus_used=torch.get_num_threads())
     d, k = pairs[choice.value]
     if dtype_auto:
         dtype, dtype_choice = DTYPES[d], dataclasses.replace(choice, value=d)
