@@ -112,7 +112,10 @@ def test_a_damaged_cache_counts_as_empty_and_is_rewritten():
 
 
 def auto_config(**train):
-    return tiny_config(train={"dtype": "auto", "max_steps": 2, "eval_every": 0, **train})
+    """The dtype left to auto, the kernel named (``kernel_auto`` below leaves that to it)."""
+    return tiny_config(
+        model={"kernel": "sdpa"}, train={"dtype": "auto", "max_steps": 2, "eval_every": 0, **train}
+    )
 
 
 @pytest.fixture

@@ -425,6 +425,7 @@ def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, c
             "how": "fallback",
             "why": ran["dtype_choice"]["why"],
         },
+        "kernel_choice": {"value": "sdpa", "how": "fallback", "why": "LM_TUNE=off"},
     }
     assert ran["dtype_choice"]["why"] in ("LM_TUNE=off", "no bf16 instructions on this CPU: fp32")
     assert "dtype: auto" in (tmp_path / "run" / "config.yaml").read_text()  # as given

@@ -213,6 +213,8 @@ def _check_same_config(run_dir: Path, config: Config) -> None:
     for name, (old, new) in config_diff(saved, config).items():
         if name in ("model.vocab_size", "train.threads"):  # threads: the same numbers on any
             continue
+        if name == "model.kernel" and new == "auto":  # what it chose: a resume keeps it
+            continue
         raise LMError(
             f"{run_dir}: was trained with {name}={shown(old)}, this sweep asks for {shown(new)}; "
             "delete that folder or choose another --out"

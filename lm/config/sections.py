@@ -127,11 +127,11 @@ class ModelConfig:
     """Sliding-window attention: a query reads at most the last W keys, itself included. One W for
     every layer; or one per layer, [64, 64, 64, null] (null: every key); or a list ending in ...
     repeated over the layers, [512, 512, null, ...] (Gemma's local and global layers)."""
-    kernel: str = "sdpa"
+    kernel: str = "auto"
     """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; FlexAttention for masks
     and biases in a model compiled for a GPU) | flex | math (the notes' formula written out) |
     auto (sdpa or math, whichever trains this shape faster on this CPU, timed once by lm train and
-    kept; config.yaml records the one chosen). See lm/model/kernels.py. Was model.attention."""
+    kept; sdpa where not timed; config.yaml records the one that ran). lm/model/kernels.py."""
     bias: bool = False
     """Biases in linear layers and norms (the notes omit them)."""
     tie_embeddings: bool = True
