@@ -243,6 +243,42 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     assert sbs.auto_jobs(wider, device, 2, runs=4)[1].how == "measured"  # another shape
 
 
+def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
+    import lm.compare.side_by_side as sbs
+
+    monkeypatch.setenv("LM_TUNE", "on")
+    cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
+    timed = []
+
+    def one(model, train, batch, cores):
+        timed.append(batch)
+        return 0.02, None
+
+    def together(model, train, batch, cores):
+        timed.append(batch)
+        return 0.01, 1.0
+
+    monkeypatch.setattr(sbs, "_one", one)
+    monkeypatch.setattr(sbs, "_together", together)
+    micro = cfg.train.batch_size
+    sbs.auto_jobs(cfg, cpu, 2, runs=4, width=5)  # a padded sweep's rows, not the whole context
+    assert timed == [(micro, 5), (micro, 5)]
+    assert sbs.auto_jobs(cfg, cpu, 2, runs=4, width=5)[1].how == "cached"
+    sbs.auto_jobs(cfg, cpu, 2, runs=4)  # packed: the context, another measurement
+    assert timed[2:] == [(micro, cfg.model.context_length)] * 2
+    # The timed step itself is that wide.
+    widths = []
+
+    def training_step(model, rows, train, width):
+        widths.append((rows, width))
+        return lambda: None
+
+    monkeypatch.setattr(sbs, "training_step", training_step)
+    monkeypatch.setattr(sbs, "WINDOW_S", 0.0)
+    sbs._steps(cfg.model, cfg.train, (micro, 5), 1)
+    assert widths == [(micro, 5)]
+
+
 def test_lm_compare_jobs_auto_says_what_it_decided(tmp_path, capsys):
     from _support import write_config
 

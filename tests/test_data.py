@@ -450,6 +450,21 @@ def test_segment_ids_restart_after_each_eod():
     assert "segment_ids" not in TrainBatches(stream(30), PACKED, 16, 6, 1, 99, 5).step(0)[0][0]
 
 
+def test_a_padded_batch_is_as_wide_as_its_longest_row_and_the_mean_width_says_so():
+    lengths = [3 + (i * 5) % 11 for i in range(24)]  # 3 to 13 tokens: rows of 2 to 12 targets
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    split = TokenizedSplit(np.arange(offsets[-1], dtype=np.uint16), offsets)
+    batches = TrainBatches(split, PADDED, 32, 4, 2, pad_id=9999, seed=2)
+    widths = []
+    for step in range(batches.batches_per_epoch):
+        for b in batches.step(step)[0]:
+            longest = int(b["key_mask"].sum(dim=1).max())
+            assert b["input_ids"].shape[1] == longest
+            widths.append(longest)
+    assert batches.mean_width == pytest.approx(np.mean(widths)) and batches.mean_width < 12
+    assert TrainBatches(split, PACKED, 16, 4, 1, pad_id=9999, seed=2).mean_width == 16
+
+
 def test_padded_epoch_uses_each_chunk_at_most_once_and_reports_its_padding():
     # Token ids = positions, so a target identifies its place in the split.
     lengths = [3 + (i * 5) % 11 for i in range(24)]

@@ -8,7 +8,8 @@ than the cores, can lose by that alone. So ``auto`` times the sweep's own traini
 optimizer's included) both ways, on this machine: one process on every core, and one process
 per core at once, each on one thread, all of them timing the same stretch of time (a process
 still starting while another times would let it time the machine to itself, and overstate the
-gain), and how long those processes took to start. From these it predicts the whole sweep's
+gain), and how long those processes took to start; its rows as wide as the sweep's batches (a
+padded task's are far shorter than the context). From these it predicts the whole sweep's
 training both ways (:func:`predict`: its runs, their steps, the rounds, the last runs) and
 takes one job per core where that comes at most ``GAIN`` of one at a time, else one job. The
 measurement is kept by :mod:`lm.runtime.choices` (by CPU, torch, cores, the model's shape and
@@ -48,10 +49,16 @@ would otherwise keep the rest waiting for ever)."""
 
 
 def auto_jobs(
-    config: Config, device: torch.device, cores: int, runs: int = 2, steps: int | None = None
+    config: Config,
+    device: torch.device,
+    cores: int,
+    runs: int = 2,
+    steps: int | None = None,
+    width: int | None = None,
 ) -> tuple[int, choices.Choice]:
     """How many of ``runs`` runs of ``config``'s shape (``steps`` each; default the config's)
-    to train at once, and how that was decided."""
+    to train at once, and how that was decided. ``width``: the positions of a training step's
+    rows (default the context; a padded run's batches are as wide as their longest row)."""
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
@@ -63,17 +70,19 @@ def auto_jobs(
         return 1, choices.Choice("1", "fallback", why="LM_TUNE=off")
     m, t = config.model, config.train
     micro = t.batch_size // t.accumulation(1)
+    batch = (micro, m.context_length if width is None else width)
     context = {
         "device": "cpu",
         "cores": cores,
         "micro_batch": micro,
+        "width": batch[1],
         "optimizer": t.optimizer,
         "model": {k: v for k, v in dataclasses.asdict(m).items() if not k.startswith("_")},
         "measures": "steps and start",  # entries kept before a job's start was timed: anew
     }
     candidates = {
-        "1": lambda: _one(m, t, micro, cores),
-        str(cores): lambda: _together(m, t, micro, cores),
+        "1": lambda: _one(m, t, batch, cores),
+        str(cores): lambda: _together(m, t, batch, cores),
     }
     measured = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
@@ -132,15 +141,18 @@ def _share(start: Any) -> None:
     _START = start
 
 
-def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> tuple[float, float]:
+def _steps(
+    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], threads: int
+) -> tuple[float, float]:
     """The seconds a whole training step of this shape takes (forward, backward and the
-    sweep's optimizer: ``lm.training.tune.training_step``) on ``threads`` threads: after a
+    sweep's optimizer: ``lm.training.tune.training_step``; ``batch``: its rows and their
+    width) on ``threads`` threads: after a
     warm-up, as many steps as fill ``WINDOW_S``. In :func:`_together`'s pool every process
     starts timing at once, so that each times only the stretch when all of them run (a
     process timing while another still starts would time a machine to itself). Also when the
     process was ready: its imports, the model and the warm-up step done."""
     torch.set_num_threads(threads)
-    step = training_step(model, micro, train)
+    step = training_step(model, batch[0], train, width=batch[1])
     step()
     ready = time.time()  # the wall clock, which every process of the pool shares
     if _START is not None:
@@ -154,17 +166,19 @@ def _steps(model: ModelConfig, train: TrainConfig, micro: int, threads: int) -> 
             return elapsed / count, ready
 
 
-def _one(model: ModelConfig, train: TrainConfig, micro: int, cores: int) -> tuple[float, None]:
+def _one(
+    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int
+) -> tuple[float, None]:
     """One run on every core: its seconds per step (and no process's start)."""
     before = torch.get_num_threads()
     try:
-        return _steps(model, train, micro, cores)[0], None
+        return _steps(model, train, batch, cores)[0], None
     finally:
         torch.set_num_threads(before)
 
 
 def _together(
-    model: ModelConfig, train: TrainConfig, micro: int, cores: int
+    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int
 ) -> tuple[float, float]:
     """``cores`` one-thread runs at once, each in its own process: the seconds per step of the
     lot (their rates add up), and the seconds a process took to be ready, started with the
@@ -175,6 +189,6 @@ def _together(
     launched = time.time()
     with spawn.Pool(cores, initializer=_share, initargs=(start,)) as pool:
         # One task a process (chunksize 1): each waits at the barrier for all the others.
-        each = pool.starmap(_steps, [(model, train, micro, 1)] * cores, chunksize=1)
+        each = pool.starmap(_steps, [(model, train, batch, 1)] * cores, chunksize=1)
     lot = 1.0 / sum(1.0 / seconds for seconds, _ in each)
     return lot, statistics.median(ready - launched for _, ready in each)

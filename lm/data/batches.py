@@ -112,6 +112,9 @@ class TrainBatches:
     """Fraction of target slots that are padding over the first epoch (0.0 when packed)."""
     batches_per_epoch: int | None
     """Steps per pass over the document chunks (padded mode; None when packed)."""
+    mean_width: float
+    """Positions of a micro-batch's rows, on average over the first epoch: a padded batch is as
+    wide as its longest row; packed, the context."""
 
     def __init__(
         self,
@@ -142,6 +145,7 @@ class TrainBatches:
         self.micro_size = batch_size // parts
         self.padding_fraction = 0.0
         self.batches_per_epoch = None
+        self.mean_width = float(context_length)
         if cfg.mode == "packed":
             needed = context_length + 2
             if split.n_tokens < needed:
@@ -159,7 +163,7 @@ class TrainBatches:
             )
         self._collate = PaddedCollator(pad_id)
         self._plan: tuple[int, np.ndarray] | None = None
-        self.padding_fraction = self._padding_fraction(self._epoch(0))
+        self.padding_fraction, self.mean_width = self._padding(self._epoch(0))
 
     def step(self, step: int) -> tuple[list[dict[str, torch.Tensor]], int]:
         """The micro-batches (grad_accum of them) this rank trains on at optimizer step `step`,
@@ -213,10 +217,11 @@ class TrainBatches:
         self._plan = (epoch, batches)
         return batches
 
-    def _padding_fraction(self, batches: np.ndarray) -> float:
+    def _padding(self, batches: np.ndarray) -> tuple[float, float]:
+        """The fraction of target slots that are padding, and a micro-batch's mean width."""
         targets = self._lengths[batches].reshape(len(batches), -1, self.micro_size) - 1
-        slots = targets.max(axis=-1, keepdims=True) * self.micro_size
-        return float(1.0 - targets.sum() / slots.sum())
+        widths = targets.max(axis=-1, keepdims=True)
+        return float(1.0 - targets.sum() / (widths.sum() * self.micro_size)), float(widths.mean())
 
 
 def eval_batches(

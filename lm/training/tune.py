@@ -182,16 +182,18 @@ def _context(config: Config, processes: int) -> dict:
 
 
 def training_step(
-    model: ModelConfig, micro: int, train: TrainConfig | None = None
+    model: ModelConfig, micro: int, train: TrainConfig | None = None, width: int | None = None
 ) -> Callable[[torch.dtype], None]:
-    """A forward, loss and backward pass of a fresh model of this shape on random tokens, in
-    the given autocast dtype: what the measured choices time; with ``train``, its optimizer's
-    step too. The random number generators are left as they were: a run's own initialisation
-    and batches do not depend on whether this ran."""
+    """A forward, loss and backward pass of a fresh model of this shape on random tokens
+    (``micro`` rows of ``width`` positions, default the context), in the given autocast dtype:
+    what the measured choices time; with ``train``, its optimizer's step too. The random number
+    generators are left as they were: a run's own initialisation and batches do not depend on
+    whether this ran."""
+    width = model.context_length if width is None else width
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         net = TransformerLM(model)
-        ids = torch.randint(0, model.vocab_size, (micro, model.context_length + 1))
+        ids = torch.randint(0, model.vocab_size, (micro, width + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
     optimizer = build_optimizer(net, train, torch.device("cpu")) if train is not None else None
 
