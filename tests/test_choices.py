@@ -348,6 +348,23 @@ def test_dtype_and_kernel_left_to_auto_are_measured_together(tmp_path, measuring
     assert json.loads(key)["kind"] == "train.dtype+model.kernel"
 
 
+def test_a_padded_run_is_measured_at_its_batches_width_not_the_whole_context(tmp_path, measuring):
+    from lm.config.load import load_config
+    from lm.data.sources import prepare_data
+
+    copy = {
+        "source": "builtin:copy", "mode": "padded", "task_lengths": "1-4",
+        "task_eval_lengths": "1-4", "task_examples": 200, "cache_dir": str(tmp_path / "c"),
+    }  # fmt: skip
+    train_keys = {"max_steps": 2, "eval_every": 0, "dtype": "auto"}
+    cfg = tiny_config(model={"kernel": "auto"}, data=copy, train=train_keys)
+    train(cfg, tmp_path / "run")
+    (key,) = choices.read()
+    trained = load_config(tmp_path / "run" / "config.yaml")  # the vocabulary filled in
+    width = tune.batch_width(trained, prepare_data(cfg.data, log=None))
+    assert json.loads(key)["width"] == width < cfg.model.context_length / 2
+
+
 def test_a_kernel_not_measured_is_sdpa_and_says_why(tmp_path, monkeypatch):
     train(kernel_auto(), tmp_path / "off")  # the suite runs with LM_TUNE=off
     choice = ran(tmp_path / "off")["kernel_choice"]

@@ -44,12 +44,12 @@ from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
 from lm.config.sections import Config, TrainConfig
 from lm.config.values import parse_rope_scaling, parse_value, shown, split_values
-from lm.data.batches import TrainBatches
-from lm.data.sources import PreparedData, prepare_data, print_to_stderr
+from lm.data.sources import prepare_data, print_to_stderr
 from lm.runs.checkpoint import latest_checkpoint, read_state
 from lm.runs.directory import CONFIG, check_out_dir
 from lm.runtime import choices
 from lm.runtime.device import resolve_device
+from lm.training.tune import batch_width
 
 DEFAULT_OUT = Path("runs/compare")
 EVAL_KEYS = ("eval.rope_scaling",)
@@ -289,7 +289,7 @@ def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str],
     sized = config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
     cores = torch.get_num_threads()
     steps = round(sum(c.train.max_steps for c in configs) / len(configs))
-    n, choice = auto_jobs(sized, device, cores, len(configs), steps, _mean_width(sized, data))
+    n, choice = auto_jobs(sized, device, cores, len(configs), steps, batch_width(sized, data))
     if choice.ms_per_step:
         ms = choice.ms_per_step
         log(
@@ -300,18 +300,6 @@ def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str],
     else:
         log(f"compare: --jobs auto: {n} ({choice.why})")
     return n
-
-
-def _mean_width(config: Config, data: PreparedData) -> int:
-    """The positions of a training step's rows, on average over the config's batches: a
-    padded batch is as wide as its longest row (a task's rows are often far shorter than the
-    context), a packed one the context."""
-    tc, model = config.train, config.model
-    batches = TrainBatches(
-        data.train, config.data, model.context_length, tc.batch_size, tc.accumulation(1),
-        data.tokenizer.pad_id, tc.seed,
-    )  # fmt: skip
-    return max(1, round(batches.mean_width))
 
 
 def _said(choice: choices.Choice) -> str:

@@ -8,7 +8,7 @@ the matmuls gain far more. Which attention kernel is faster changes with the mac
 for the Shakespeare recipe in fp32, the notes' explicit attention (``math``) beat PyTorch's
 fused one (``sdpa``) on an AVX-512 EPYC and lost to it on an AVX2 one (docs/performance.md).
 So ``auto`` times a forward and backward pass of the run's model, at its micro-batch and
-context, for every pair of the settings left to it (fp32 and bf16; sdpa and math), and keeps:
+its batches' width (the context; a padded run's rows, often shorter), for every pair of the settings left to it (fp32 and bf16; sdpa and math), and keeps:
 
 - the explicit kernel only where its step takes at most ``KERNEL_MARGIN`` of SDPA's (the
   default, unless clearly beaten);
@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from lm.config.sections import Config, ModelConfig, TrainConfig
+from lm.data.batches import TrainBatches
+from lm.data.sources import PreparedData
 from lm.model.plan import build_plan
 from lm.model.transformer import TransformerLM
 from lm.runtime import choices
@@ -77,10 +79,12 @@ def training_choices(
     processes: int,
     resumed_dtype: str | None = None,
     resumed_kernel: str | None = None,
+    width: int | None = None,
 ) -> Chosen:
     """The autocast dtype and attention kernel of a run. ``resumed_dtype``: the dtype run.json
     says the run trained with; ``resumed_kernel``: the kernel of its config.yaml. A resume keeps
-    both, so that it continues as it began whatever the cache says now."""
+    both, so that it continues as it began whatever the cache says now. ``width``: the
+    positions of its batches' rows (:func:`batch_width`; default the context)."""
     dtype_auto, kernel_auto = config.train.dtype == "auto", config.model.kernel == "auto"
     kernel = config.model.kernel
     kernel_choice = None
@@ -122,12 +126,17 @@ def training_choices(
     kind = "+".join(
         name for name, free in (("train.dtype", dtype_auto), ("model.kernel", kernel_auto)) if free
     )
+    width = config.model.context_length if width is None else width
     context = _context(config, processes)
+    if width != config.model.context_length:  # a padded run's; a packed run's key as it was
+        context["width"] = width
     if not dtype_auto:
         context["dtype"] = next(iter(dtypes))
     model, micro = config.model, config.train.batch_size // config.train.accumulation(1)
     # One model per kernel; the dtype is only autocast's.
-    nets = {k: training_step(dataclasses.replace(model, kernel=k), micro) for k in kernels}
+    nets = {
+        k: training_step(dataclasses.replace(model, kernel=k), micro, width=width) for k in kernels
+    }
     steps = {
         name: choices.timed(lambda d=d, k=k: nets[k](dtypes[d])) for name, (d, k) in pairs.items()
     }
@@ -139,6 +148,20 @@ def training_choices(
     if kernel_auto:
         kernel, kernel_choice = k, dataclasses.replace(choice, value=k)
     return Chosen(dtype, kernel, dtype_choice, kernel_choice)
+
+
+def batch_width(config: Config, data: PreparedData) -> int:
+    """The positions of a training step's rows, on average over the run's first epoch: a
+    packed run's windows fill the context; a padded batch is as wide as its longest row, and a
+    task's rows are often far shorter than the context (the copy task's average 10 of 40)."""
+    if config.data.mode != "padded":
+        return config.model.context_length
+    tc, model = config.train, config.model
+    batches = TrainBatches(
+        data.train, config.data, model.context_length, tc.batch_size, tc.accumulation(1),
+        data.tokenizer.pad_id, tc.seed,
+    )  # fmt: skip
+    return max(1, round(batches.mean_width))
 
 
 def _name(dtype: str, kernel: str, dtype_free: bool, kernel_free: bool) -> str:
