@@ -633,6 +633,7 @@ def _cmd_choices(args: argparse.Namespace) -> int:
             f"{what.get('kind')}: {value} ({timings}; measured {kept.get('measured')}) "
             f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
             f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
+            + (f"width={what['width']} " if "width" in what else "")
             + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
             + f" on {what.get('cpu')}, torch {what.get('torch')}"
         )

@@ -8,7 +8,8 @@ the matmuls gain far more. Which attention kernel is faster changes with the mac
 for the Shakespeare recipe in fp32, the notes' explicit attention (``math``) beat PyTorch's
 fused one (``sdpa``) on an AVX-512 EPYC and lost to it on an AVX2 one (docs/performance.md).
 So ``auto`` times a forward and backward pass of the run's model, at its micro-batch and
-its batches' width (the context; a padded run's rows, often shorter), for every pair of the settings left to it (fp32 and bf16; sdpa and math), and keeps:
+its batches' width (the context; a padded run's rows, often shorter), for every pair of the
+settings left to it (fp32 and bf16; sdpa and math), and keeps:
 
 - the explicit kernel only where its step takes at most ``KERNEL_MARGIN`` of SDPA's (the
   default, unless clearly beaten);
@@ -85,53 +86,79 @@ def training_choices(
     says the run trained with; ``resumed_kernel``: the kernel of its config.yaml. A resume keeps
     both, so that it continues as it began whatever the cache says now. ``width``: the
     positions of its batches' rows (:func:`batch_width`; default the context)."""
-    dtype_auto, kernel_auto = config.train.dtype == "auto", config.model.kernel == "auto"
-    kernel = config.model.kernel
-    kernel_choice = None
-    if kernel_auto and resumed_kernel in KERNELS:
-        kernel = resumed_kernel
+    settled, dtype_free, kernel_free = _settled(
+        config, device, processes, resumed_dtype, resumed_kernel
+    )
+    if not (dtype_free or kernel_free):
+        return settled
+    return _measured(config, processes, settled, dtype_free, kernel_free, width)
+
+
+def _settled(
+    config: Config,
+    device: torch.device,
+    processes: int,
+    resumed_dtype: str | None,
+    resumed_kernel: str | None,
+) -> tuple[Chosen, bool, bool]:
+    """What is decided without measuring (a setting named, a resume's own, a fallback and why),
+    and whether the dtype and the kernel are still free, left to a measurement."""
+    dtype_free, kernel_free = config.train.dtype == "auto", config.model.kernel == "auto"
+    kernel, kernel_choice = config.model.kernel, None
+    if kernel_free and resumed_kernel in KERNELS:
+        kernel, kernel_free = resumed_kernel, False
         kernel_choice = choices.Choice(kernel, "resumed", why="the kernel it trained with")
-        kernel_auto = False
-    dtype_choice = None
-    if dtype_auto and device.type == "cpu" and resumed_dtype in RECORDED:
-        value = RECORDED[resumed_dtype]
-        dtype_choice = choices.Choice(value, "resumed", why="the dtype it trained with")
-        dtype_auto = False
+    dtype, dtype_choice = None, None
+    if dtype_free and device.type == "cpu" and resumed_dtype in RECORDED:
+        value, dtype_free = RECORDED[resumed_dtype], False
         dtype = DTYPES[value]
+        dtype_choice = choices.Choice(value, "resumed", why="the dtype it trained with")
     why = _not_measured(device, processes)
-    kernel_why = why or (_same_kernel(config.model) if kernel_auto else "")
-    if kernel_auto and kernel_why:
-        kernel = FALLBACK_KERNEL
+    kernel_why = why or (_same_kernel(config.model) if kernel_free else "")
+    if kernel_free and kernel_why:
+        kernel, kernel_free = FALLBACK_KERNEL, False
         kernel_choice = choices.Choice(kernel, "fallback", why=kernel_why)
-        kernel_auto = False
-    if dtype_auto:
-        table = resolve_dtype("auto", device, dataclasses.replace(config.model, kernel=kernel))
+    if dtype_free:
         no_bf16 = cpu_bf16_kind() == "none"
         dtype_why = why or ("no bf16 instructions on this CPU: fp32" if no_bf16 else "")
         if dtype_why:
-            dtype, dtype_auto = table, False
+            dtype_free = False
+            dtype = resolve_dtype("auto", device, dataclasses.replace(config.model, kernel=kernel))
             if device.type == "cpu":  # a GPU's rule: there is nothing of this machine's to record
-                name = "bf16" if table == torch.bfloat16 else "fp32"
+                name = "bf16" if dtype == torch.bfloat16 else "fp32"
                 dtype_choice = choices.Choice(name, "fallback", why=dtype_why)
-    elif dtype_choice is None:
+    elif dtype is None:
         dtype = resolve_dtype(config.train.dtype, device, config.model)
-    if not (dtype_auto or kernel_auto):
-        return Chosen(dtype, kernel, dtype_choice, kernel_choice)
-    # What is left to measure: each free setting's candidates, the other as it is.
-    dtypes = dict(DTYPES) if dtype_auto else {str(dtype).removeprefix("torch."): dtype}
-    kernels = KERNELS if kernel_auto else (kernel,)
+    # A dtype still free is measured; until then fp32 stands in for it.
+    chosen = Chosen(dtype or torch.float32, kernel, dtype_choice, kernel_choice)
+    return chosen, dtype_free, kernel_free
+
+
+def _measured(
+    config: Config,
+    processes: int,
+    settled: Chosen,
+    dtype_free: bool,
+    kernel_free: bool,
+    width: int | None,
+) -> Chosen:
+    """The free settings measured (or read from the cache): a training step of each
+    candidate pair, the settled setting as it is."""
+    fixed = str(settled.dtype).removeprefix("torch.")  # a dtype not free: as it is
+    dtypes = dict(DTYPES) if dtype_free else {fixed: settled.dtype}
+    kernels = KERNELS if kernel_free else (settled.kernel,)
     pairs = {
-        _name(d, k, dtype_auto, kernel_auto): (d, k) for d, k in itertools.product(dtypes, kernels)
+        _name(d, k, dtype_free, kernel_free): (d, k) for d, k in itertools.product(dtypes, kernels)
     }
     kind = "+".join(
-        name for name, free in (("train.dtype", dtype_auto), ("model.kernel", kernel_auto)) if free
+        name for name, free in (("train.dtype", dtype_free), ("model.kernel", kernel_free)) if free
     )
     width = config.model.context_length if width is None else width
     context = _context(config, processes)
     if width != config.model.context_length:  # a padded run's; a packed run's key as it was
         context["width"] = width
-    if not dtype_auto:
-        context["dtype"] = next(iter(dtypes))
+    if not dtype_free:
+        context["dtype"] = fixed
     model, micro = config.model, config.train.batch_size // config.train.accumulation(1)
     # One model per kernel; the dtype is only autocast's.
     nets = {
@@ -143,11 +170,16 @@ def training_choices(
     prefer = lambda ms: _prefer_pair(ms, pairs)  # noqa: E731
     choice = choices.choose(kind, context, steps, prefer, cpus_used=torch.get_num_threads())
     d, k = pairs[choice.value]
-    if dtype_auto:
-        dtype, dtype_choice = DTYPES[d], dataclasses.replace(choice, value=d)
-    if kernel_auto:
-        kernel, kernel_choice = k, dataclasses.replace(choice, value=k)
-    return Chosen(dtype, kernel, dtype_choice, kernel_choice)
+    chosen = settled
+    if dtype_free:
+        chosen = dataclasses.replace(
+            chosen, dtype=DTYPES[d], dtype_choice=dataclasses.replace(choice, value=d)
+        )
+    if kernel_free:
+        chosen = dataclasses.replace(
+            chosen, kernel=k, kernel_choice=dataclasses.replace(choice, value=k)
+        )
+    return chosen
 
 
 def batch_width(config: Config, data: PreparedData) -> int:
