@@ -306,11 +306,12 @@ def test_muon_orthogonalizes_and_trains(tmp_path):
     assert kinds[id(model.blocks[0].attn.qkv.weight)] == "muon"
 
 
-def test_lm_train_with_muon_never_imports_dynamo_and_trains_and_resumes_the_same(tmp_path):
-    # torch._dynamo costs a second or two of every start; an lm train process with Muon builds,
-    # steps, saves and reloads its optimizer without it, and trains what the library does.
-    sections = {"data": {"cache_dir": str(tmp_path / "cache")},
-                "train": {"optimizer": "muon", "max_steps": 6, "checkpoint_every": 3}}  # fmt: skip
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_lm_train_never_imports_dynamo_and_trains_and_resumes_the_same(tmp_path, optimizer):
+    # torch._dynamo costs a second or two of every start; an lm train process builds, steps,
+    # saves and reloads its optimizer without it, and trains what the library does.
+    steps = {"optimizer": optimizer, "max_steps": 6, "checkpoint_every": 3}
+    sections = {"data": {"cache_dir": str(tmp_path / "cache")}, "train": steps}
     path = write_config(tmp_path / "c.yaml", **sections)
     script = (
         "import sys\n"

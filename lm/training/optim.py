@@ -10,7 +10,10 @@ warmup, then cosine, linear, constant or WSD (warmup, stable, decay: constant un
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -222,17 +225,19 @@ def step_unless_nonfinite(optimizer: torch.optim.Optimizer, finite: torch.Tensor
 
 
 def without_dynamo_import() -> None:
-    """Let this process build and use optimizers without importing ``torch._dynamo``.
+    """Let this process build and step optimizers without importing ``torch._dynamo``.
 
     PyTorch wraps ``Optimizer.add_param_group``, ``zero_grad``, ``state_dict`` and
     ``load_state_dict`` so that a compiled graph does not trace them; the wrapper imports
     ``torch._dynamo`` at its first call, about 1.5 s of every run's start on a CPU (a twentieth
     of the Shakespeare recipe: docs/performance.md). The wrapper caches what it calls on the
-    wrapped function; this puts the function itself there, so nothing is imported. It is for the
-    process of ``lm train`` and ``lm compare`` (``lm.cli``), where no optimizer method runs
-    inside a compiled graph (``train.compile`` compiles the model's forward only); a library
-    user's process is left alone. PyTorch's AdamW imports ``torch._dynamo`` in its step all the
-    same; Muon does not. Where PyTorch's wrapper has another shape, this does nothing."""
+    wrapped function; this puts the function itself there, so nothing is imported. Adam's and
+    AdamW's ``step`` sets the grad mode between two graph breaks, which import it too; the step
+    here sets the same grad mode without them. Graph breaks matter only to an optimizer step
+    traced by a compiler, and this is for the process of ``lm train`` and ``lm compare``
+    (``lm.cli``), where none is (``train.compile`` compiles the model's forward only); a
+    library user's process is left alone. Where PyTorch's wrappers have another shape, this
+    leaves them as they are."""
     for method in (
         torch.optim.Optimizer.add_param_group,
         torch.optim.Optimizer.zero_grad,
@@ -242,6 +247,25 @@ def without_dynamo_import() -> None:
         wrapped = getattr(method, "__wrapped__", None)
         if wrapped is not None and method.__code__.co_name == "inner":
             wrapped.__dict__.setdefault("__dynamo_disable", wrapped)
+    step = torch.optim.Adam.step
+    if getattr(step, "__wrapped__", None) is not None and step.__code__.co_name == "_use_grad":
+        torch.optim.Adam.step = _in_grad_mode(step.__wrapped__)
+
+
+def _in_grad_mode(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` run with autograd on only for a differentiable optimizer, as PyTorch's
+    ``_use_grad_for_differentiable`` runs it, without its graph breaks."""
+
+    @functools.wraps(step)
+    def step_in_grad_mode(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        before = torch.is_grad_enabled()
+        try:
+            torch.set_grad_enabled(self.defaults["differentiable"])
+            return step(self, *args, **kwargs)
+        finally:
+            torch.set_grad_enabled(before)
+
+    return step_in_grad_mode
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
