@@ -146,11 +146,11 @@ def _steps(
 ) -> tuple[float, float]:
     """The seconds a whole training step of this shape takes (forward, backward and the
     sweep's optimizer: ``lm.training.tune.training_step``; ``batch``: its rows and their
-    width) on ``threads`` threads: after a
-    warm-up, as many steps as fill ``WINDOW_S``. In :func:`_together`'s pool every process
-    starts timing at once, so that each times only the stretch when all of them run (a
-    process timing while another still starts would time a machine to itself). Also when the
-    process was ready: its imports, the model and the warm-up step done."""
+    width) on ``threads`` threads: after a warm-up, as many steps as fill ``WINDOW_S``. In
+    :func:`_together`'s pool every process starts timing at once, so that each times only the
+    stretch when all of them run (a process timing while another still starts would time a
+    machine to itself). Also when the process was ready: its imports, the model and the
+    warm-up step done."""
     torch.set_num_threads(threads)
     step = training_step(model, batch[0], train, width=batch[1])
     step()
