@@ -279,6 +279,20 @@ def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
     assert widths == [(micro, 5)]
 
 
+def test_a_sweeps_runs_are_not_measured_and_their_records_say_why(tmp_path):
+    from _support import write_config
+
+    train_keys = {"max_steps": 2, "eval_every": 0, "dtype": "auto"}
+    cfg = write_config(tmp_path / "tiny.yaml", model={"kernel": "auto"}, train=train_keys)
+    argv = ["compare", str(cfg), "--vary", "model.position=rope,none", "--out", str(tmp_path / "s")]
+    assert main([*argv, "--set", f"data.cache_dir={tmp_path / 'cache'}", "--jobs", "1"]) == 0
+    record = ran(tmp_path / "s" / "position=rope" / "seed7")
+    why = "a run of lm compare, which trains the same numbers one at a time or side by side"
+    assert (record["kernel_choice"]["how"], record["kernel_choice"]["why"]) == ("fallback", why)
+    assert record["dtype_choice"]["why"] in (why, "no bf16 instructions on this CPU: fp32")
+    assert not choices.cache_file().exists()
+
+
 def test_lm_compare_jobs_auto_says_what_it_decided(tmp_path, capsys):
     from _support import write_config
 

@@ -66,8 +66,8 @@ def auto_jobs(
         return 1, choices.Choice("1", "fallback", why="one thread to divide")
     if runs < 2:
         return 1, choices.Choice("1", "fallback", why="one run to train")
-    if not choices.tuning_enabled():
-        return 1, choices.Choice("1", "fallback", why="LM_TUNE=off")
+    if off := choices.not_measuring():
+        return 1, choices.Choice("1", "fallback", why=off)
     m, t = config.model, config.train
     micro = t.batch_size // t.accumulation(1)
     batch = (micro, m.context_length if width is None else width)

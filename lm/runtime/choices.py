@@ -8,10 +8,11 @@ the run's own shape, and the answer is kept in ``choices.json`` under ``$LM_CACH
 the shape. Later runs read it: the first pays a few seconds, the rest nothing. ``lm choices``
 prints the file and what it holds; ``lm choices --clear`` empties it.
 
-``LM_TUNE=off`` turns measuring off (the test suite does, so that its choices are fixed, and
-``lm compare`` for its runs, so that two jobs at once never time each other and every run
-trains the same numbers one at a time or side by side): a choice then comes from the fallback
-its caller gives, as it would without this module.
+``LM_TUNE=off`` turns measuring off (the test suite does, so that its choices are fixed), and
+so does ``lm compare`` for its runs (:func:`fixed`), so that two jobs at once never time each
+other and every run trains the same numbers one at a time or side by side: a choice then comes
+from the fallback its caller gives, as it would without this module, and says which of the two
+kept it from measuring.
 
 A measurement taken while other work kept the CPUs busy times that work as much as the
 candidates, and a cached answer would outlive it. So each measurement is watched (Linux's
@@ -50,16 +51,24 @@ def cache_file() -> Path:
     return Path(os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser() / FILE
 
 
-def tuning_enabled() -> bool:
-    """Whether ``auto`` may measure (``LM_TUNE=off`` says no)."""
-    return os.environ.get("LM_TUNE", "").strip().lower() not in ("off", "0", "no", "false")
+SWEEP_RUN = "sweep-run"
+"""``LM_TUNE``'s value inside :func:`fixed`: measuring off, for a sweep's runs."""
+
+
+def not_measuring() -> str:
+    """Why ``auto`` may not measure in this process, or '' where it may: ``LM_TUNE=off`` (or
+    0, no, false), or a sweep's run."""
+    value = os.environ.get("LM_TUNE", "").strip()
+    if value == SWEEP_RUN:
+        return "a run of lm compare, which trains the same numbers one at a time or side by side"
+    return f"LM_TUNE={value}" if value.lower() in ("off", "0", "no", "false") else ""
 
 
 @contextlib.contextmanager
 def fixed() -> Iterator[None]:
     """Measuring off while inside, for this process and those it starts (a sweep's runs)."""
     before = os.environ.get("LM_TUNE")
-    os.environ["LM_TUNE"] = "off"
+    os.environ["LM_TUNE"] = SWEEP_RUN
     try:
         yield
     finally:

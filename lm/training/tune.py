@@ -206,8 +206,8 @@ def _not_measured(device: torch.device, processes: int) -> str:
     """Why ``auto`` is not measured here, or '' where it is."""
     if device.type != "cpu":
         return "not a CPU"
-    if not choices.tuning_enabled():
-        return "LM_TUNE=off"
+    if off := choices.not_measuring():
+        return off
     if processes > 1:
         return f"{processes} processes (each would time the others' load)"
     return ""
