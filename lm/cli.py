@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from lm import __version__
 from lm.config.errors import LMError
@@ -30,6 +30,15 @@ class _Parser(argparse.ArgumentParser):
         message = message.replace(f", {JOB_SLOT!r}", "")  # lm compare's own, not a user's
         print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(2)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Some Pythons (3.11) drop a lone "--" given as an option's value (--device=--) and hand
+        # the option an empty list, which no command expects: name it instead.
+        dashes = action.option_strings and action.nargs is None and arg_strings == ["--"]
+        value = super()._get_values(action, arg_strings)
+        if dashes and value == []:
+            self.error(f"argument {'/'.join(action.option_strings)}: expected a value, not '--'")
+        return value
 
 
 JOB_SLOT = "job-slot"

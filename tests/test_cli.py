@@ -157,6 +157,9 @@ def test_set_overrides_and_their_errors(tmp_path, capsys):
         (["sample", "x", "--prompt", "a", "--rope-scaling", "yarn:x"], "is not a number"),
         (["train"], "the following arguments are required: config"),
         (["frobnicate"], "invalid choice"),
+        (["sample", "x", "--prompt", "a", "--device=--"], "--device: expected a value, not '--'"),
+        (["train", "missing.yaml", "--out=--"], "--out: expected a value, not '--'"),
+        (["compare", "x", "--jobs=--"], "--jobs: expected a value, not '--'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

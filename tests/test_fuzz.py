@@ -103,7 +103,7 @@ def test_random_prompts_always_continue(run, capsys, prompt, n, temperature):
 @given(
     command=st.sampled_from(["sample", "eval", "attention", "positions"]),
     device=st.one_of(
-        st.sampled_from(["gpu", "meta", "cuda:x", "cpu:0", "mps:1", "CPU", "", "cuda:-1"]),
+        st.sampled_from(["gpu", "meta", "cuda:x", "cpu:0", "mps:1", "CPU", "", "cuda:-1", "--"]),
         st.text(max_size=8),
     ),
 )
