@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser(
         "choices",
-        help="what train.dtype: auto measured on this machine, and where it is kept",
+        help="what auto (train.dtype, model.kernel, --jobs) measured here, and where it is kept",
     )
     h.add_argument("--clear", action="store_true", help="forget every measured choice")
     sub.add_parser(JOB_SLOT)  # lm compare's own, unlisted: see _cmd_job_slot

@@ -81,7 +81,7 @@ from lm.training.setup import (
     with_vocab,
 )
 from lm.training.step import LoopState, Stepper, nonfinite_message
-from lm.training.tune import Chosen, batch_width, training_choices
+from lm.training.tune import Chosen, training_choices
 
 
 @dataclass
@@ -257,10 +257,7 @@ def _choose(run: _Run) -> tuple[_Run, Chosen]:
     kernel = None
     if resumed and config.model.kernel == "auto" and (run.run_dir / CONFIG).is_file():
         kernel = load_config(run.run_dir / CONFIG).model.kernel
-    width = None
-    if "auto" in (config.train.dtype, config.model.kernel) and run.world.size == 1:
-        width = batch_width(config, run.data)  # what a measurement times: the run's own rows
-    chosen = training_choices(config, run.device, run.world.size, trained, kernel, width)
+    chosen = training_choices(config, run.device, run.world.size, trained, kernel, run.data)
     config = config.replace(model=dataclasses.replace(config.model, kernel=chosen.kernel))
     return dataclasses.replace(run, config=config), chosen
 

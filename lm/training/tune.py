@@ -32,6 +32,7 @@ step runs the explicit formula whatever is asked (stick-breaking; a learned bias
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -80,18 +81,18 @@ def training_choices(
     processes: int,
     resumed_dtype: str | None = None,
     resumed_kernel: str | None = None,
-    width: int | None = None,
+    data: PreparedData | None = None,
 ) -> Chosen:
     """The autocast dtype and attention kernel of a run. ``resumed_dtype``: the dtype run.json
     says the run trained with; ``resumed_kernel``: the kernel of its config.yaml. A resume keeps
-    both, so that it continues as it began whatever the cache says now. ``width``: the
-    positions of its batches' rows (:func:`batch_width`; default the context)."""
+    both, so that it continues as it began whatever the cache says now. ``data``: the run's,
+    whose batches' width a measurement times (:func:`batch_width`; without it, the context)."""
     settled, dtype_free, kernel_free = _settled(
         config, device, processes, resumed_dtype, resumed_kernel
     )
     if not (dtype_free or kernel_free):
         return settled
-    return _measured(config, processes, settled, dtype_free, kernel_free, width)
+    return _measured(config, processes, settled, dtype_free, kernel_free, data)
 
 
 def _settled(
@@ -140,10 +141,11 @@ def _measured(
     settled: Chosen,
     dtype_free: bool,
     kernel_free: bool,
-    width: int | None,
+    data: PreparedData | None,
 ) -> Chosen:
     """The free settings measured (or read from the cache): a training step of each
-    candidate pair, the settled setting as it is."""
+    candidate pair, the settled setting as it is. The steps' models are built only if the
+    cache does not answer."""
     fixed = str(settled.dtype).removeprefix("torch.")  # a dtype not free: as it is
     dtypes = dict(DTYPES) if dtype_free else {fixed: settled.dtype}
     kernels = KERNELS if kernel_free else (settled.kernel,)
@@ -153,19 +155,20 @@ def _measured(
     kind = "+".join(
         name for name, free in (("train.dtype", dtype_free), ("model.kernel", kernel_free)) if free
     )
-    width = config.model.context_length if width is None else width
+    width = batch_width(config, data) if data is not None else config.model.context_length
     context = _context(config, processes)
     if width != config.model.context_length:  # a padded run's; a packed run's key as it was
         context["width"] = width
     if not dtype_free:
         context["dtype"] = fixed
     model, micro = config.model, config.train.batch_size // config.train.accumulation(1)
-    # One model per kernel; the dtype is only autocast's.
-    nets = {
-        k: training_step(dataclasses.replace(model, kernel=k), micro, width=width) for k in kernels
-    }
+
+    @functools.cache  # one model per kernel, the dtype only autocast's; built at its first step
+    def net(kernel: str) -> Callable[[torch.dtype], None]:
+        return training_step(dataclasses.replace(model, kernel=kernel), micro, width=width)
+
     steps = {
-        name: choices.timed(lambda d=d, k=k: nets[k](dtypes[d])) for name, (d, k) in pairs.items()
+        name: choices.timed(lambda d=d, k=k: net(k)(dtypes[d])) for name, (d, k) in pairs.items()
     }
     prefer = lambda ms: _prefer_pair(ms, pairs)  # noqa: E731
     choice = choices.choose(kind, context, steps, prefer, cpus_used=torch.get_num_threads())
