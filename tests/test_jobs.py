@@ -135,7 +135,11 @@ def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(swee
     root, cfg = sweeps
     out = root / "failing"
     argv = _argv(cfg, out, root / "cache", "--jobs", "2")
-    argv[argv.index("--vary") + 1] = "train.lr=3e-3,1e30"  # the second diverges at once
+    # The second diverges at once, and hears of it at step 100, its first log, evaluation or
+    # checkpoint: by then the first, started beside it, is training, and saves a checkpoint
+    # when told to stop (a job told before its loop began would have none to save).
+    late = "+".join(f"train.{key}=100" for key in ("log_every", "eval_every", "checkpoint_every"))
+    argv[argv.index("--vary") + 1] = f"train.lr=3e-3,1e30+{late}"
     argv[argv.index("--set") + 1 : argv.index("--set") + 1] = ["train.max_steps=400"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
