@@ -43,6 +43,14 @@ TINY: dict[str, dict[str, Any]] = {
 }
 
 
+BLOCKS: dict[str, dict[str, Any]] = {
+    "gpt2": {},
+    "llama": {"norm": "rmsnorm", "mlp": "swiglu"},
+}
+"""The two blocks the model's tests run over (the ``block`` fixture): GPT-2's (LayerNorm, GELU,
+a key/value head per query head) and a Llama-style one with every new key away from GPT-2's."""
+
+
 def tiny_config(**sections: dict[str, Any]) -> Config:
     return config_from_dict(merge(TINY, sections))
 

@@ -38,3 +38,12 @@ def unwatched_measurements(monkeypatch):
     from lm.runtime import choices
 
     monkeypatch.setattr(choices, "cpu_seconds", lambda: None)
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def block(request):
+    """The model keys of each block a test runs over (``_support.BLOCKS``): GPT-2's, then the
+    Llama-style one."""
+    from _support import BLOCKS
+
+    return BLOCKS[request.param]

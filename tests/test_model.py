@@ -34,8 +34,8 @@ def tiny(position="rope", **kw) -> TransformerLM:
 
 
 @pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
-def test_changing_future_tokens_leaves_earlier_logits_unchanged(position, options):
-    model = tiny(position, **options)
+def test_changing_future_tokens_leaves_earlier_logits_unchanged(position, options, block):
+    model = tiny(position, **options, **block)
     x = torch.randint(0, 37, (2, 12))
     y = x.clone()
     y[:, 7:] = torch.randint(0, 37, (2, 5))
@@ -47,18 +47,18 @@ def test_changing_future_tokens_leaves_earlier_logits_unchanged(position, option
 
 @pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
 @pytest.mark.parametrize("kernel", ["sdpa", "math"])
-def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, options, kernel):
-    model = tiny(position, kernel=kernel, **options)
+def test_padded_batch_gives_each_real_token_its_unpadded_logits(position, options, kernel, block):
+    model = tiny(position, kernel=kernel, **options, **block)
     seqs = [torch.randint(1, 37, (n,)) for n in (9, 4, 6)]
     assert_padding_is_invisible(model, seqs, T=11, pad=0)
 
 
 @pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
-def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position, options):
+def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(position, options, block):
     from lm.data.batches import PaddedCollator, model_inputs
     from lm.model.transformer import loss_sum
 
-    model = tiny(position, **options)
+    model = tiny(position, **options, **block)
     seqs = [torch.randint(1, 37, (n,)).tolist() for n in (12, 5, 8)]
     right = PaddedCollator(pad_id=0, padding_side="right")(seqs)
     b = model_inputs(right, torch.device("cpu"))
@@ -82,8 +82,8 @@ def test_right_padded_batches_drop_the_key_mask_and_keep_logits_and_loss(positio
 
 
 @pytest.mark.parametrize(("position", "options"), EVERY, ids=str)
-def test_document_segments_equal_separate_documents(position, options):
-    model = tiny(position, **options)
+def test_document_segments_equal_separate_documents(position, options, block):
+    model = tiny(position, **options, **block)
     a, b = torch.randint(1, 37, (5,)), torch.randint(1, 37, (6,))
     ids = torch.cat([a, b])[None]
     segments = torch.tensor([[0] * 5 + [1] * 6])

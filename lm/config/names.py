@@ -42,6 +42,14 @@ gates over keys, where a score function sees one query-key pair at a time."""
 NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
+NORMS = ("layernorm", "rmsnorm")
+"""``model.norm``: the block's normalization layers (``lm.model.layers``): LayerNorm (GPT-2) or
+RMSNorm (Llama)."""
+
+MLPS = ("gelu", "swiglu", "relu2")
+"""``model.mlp``: the block's token-wise network (``lm.model.layers``): GELU (GPT-2), SwiGLU
+(Llama) or squared ReLU (Primer, nanochat)."""
+
 KERNELS = ("sdpa", "flex", "math", "auto")
 """``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``); ``auto``: the
 faster of sdpa and math, measured by ``lm train`` on this machine (``lm.training.tune``)."""

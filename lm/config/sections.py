@@ -18,8 +18,10 @@ from lm.config.names import (
     DEVICES,
     DTYPES,
     KERNELS,
+    MLPS,
     NO_FLEX,
     NORMALIZATIONS,
+    NORMS,
     ON_NONFINITE,
     OPTIMIZERS,
     POSITIONS,
@@ -77,7 +79,23 @@ class ModelConfig:
     d_model: int = 128
     """Width of the residual stream (d in the notes)."""
     d_ff: int | None = None
-    """Hidden width of the token-wise MLP; default 4 * d_model."""
+    """Hidden width of the token-wise MLP; default 4 * d_model, and for swiglu 2/3 * 4 * d_model
+    rounded up to a multiple of 8 (Llama's: the GELU MLP's parameter count in three matrices)."""
+    n_kv_head: int | None = None
+    """Key and value heads (grouped-query attention, Ainslie et al. 2023): query head h reads
+    key/value head h // (n_head / n_kv_head); n_head must be a multiple of it. 1: multi-query
+    attention (Shazeer 2019); default n_head: one key/value head per query head. The KV cache
+    holds n_kv_head heads."""
+    norm: str = "layernorm"
+    """The block's norms: layernorm ((x - mean) / sqrt(var + eps) * g + b; Ba et al. 2016) |
+    rmsnorm (x / sqrt(mean(x^2) + eps) * g, no mean and no bias; Zhang & Sennrich 2019)."""
+    mlp: str = "gelu"
+    """The token-wise MLP: gelu (W_2 GELU(W_1 x), GPT-2) | swiglu (W_2 (SiLU(W_1 x) * W_3 x),
+    Shazeer 2020, Llama) | relu2 (W_2 ReLU(W_1 x)^2, So et al. 2021, nanochat)."""
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key, q / sqrt(mean(q^2) + eps) * g_q (k alike), with a
+    learned gain per feature of a head, before any rotation or score bias (Qwen3, OLMo 2;
+    Henry et al. 2020, Dehghani et al. 2023)."""
     position: str | list[str] = "rope"
     """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
     per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
@@ -137,7 +155,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     """Share the token embedding matrix with the output head."""
     norm_eps: float = 1e-5
-    """Epsilon of LayerNorm."""
+    """Epsilon of the norms (LayerNorm's or RMSNorm's, and QK-norm's)."""
 
     def __post_init__(self) -> None:
         s = "model"
@@ -172,11 +190,29 @@ class ModelConfig:
                 raise ConfigError(
                     f"model.position: {name} needs an even d_model, got {self.d_model}"
                 )
+        self._check_block()
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
         self._check_normalize()
         self._check_window()
+
+    def _check_block(self) -> None:
+        """The block's norm, MLP and key/value heads."""
+        _choice("model", "norm", self.norm, NORMS)
+        _choice("model", "mlp", self.mlp, MLPS)
+        if self.n_kv_head is None:
+            return
+        if self.n_kv_head < 1 or self.n_kv_head > self.n_head:
+            raise ConfigError(
+                f"model.n_kv_head: must be from 1 to n_head={self.n_head} (key/value heads, each "
+                f"read by n_head / n_kv_head query heads), got {self.n_kv_head}"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(
+                f"model.n_kv_head: n_head={self.n_head} is not a multiple of n_kv_head="
+                f"{self.n_kv_head} (each key/value head serves a whole group of query heads)"
+            )
 
     def _check_normalize(self) -> None:
         """A normalization that runs with this model's kernel and schemes."""
@@ -395,8 +431,19 @@ class ModelConfig:
         return self.rope_original_context or self.context_length
 
     @property
+    def kv_heads(self) -> int:
+        """Key and value heads: ``n_kv_head``, or ``n_head`` when not set."""
+        return self.n_kv_head or self.n_head
+
+    @property
     def ff_dim(self) -> int:
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+        """The MLP's hidden width: ``d_ff``; else 4 d, or for SwiGLU 2/3 of it rounded up to a
+        multiple of 8, so that its three matrices hold about the two of the GELU MLP."""
+        if self.d_ff is not None:
+            return self.d_ff
+        if self.mlp == "swiglu":
+            return 8 * -(-self.d_model // 3)  # 8d/3 rounded up to a multiple of 8: 8 ceil(d/3)
+        return 4 * self.d_model
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,9 @@ Reads top to bottom next to the notes: token embedding ``E[w_l]`` (plus ``p_l`` 
 schemes), ``n_layer`` blocks of causal multi-head self-attention and a token-wise MLP, each on a
 residual path, a final norm, and a head that scores every vocabulary entry (tied to ``E``).
 
+The block is GPT-2's by default (LayerNorm, a GELU MLP); ``model.norm: rmsnorm`` and
+``model.mlp: swiglu`` make it Llama's (Touvron et al. 2023), ``model.mlp: relu2`` nanochat's.
+
 Padding: a batch may mix sequences of different lengths, padded on either side. ``key_mask``
 marks the real tokens; padded keys never supply values to real queries and positions count real
 tokens only, so every real token's logits equal those of its sequence run alone.
@@ -23,19 +26,39 @@ from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
 from lm.model.plan import Plan, build_plan
 from lm.model.position import embedding_part
+from lm.model.rmsnorm import RMSNorm
 
 
 class MLP(nn.Module):
-    """The token-wise feed-forward network: ``W_2 GELU(W_1 x)``."""
+    """The token-wise feed-forward network: ``W_2 GELU(W_1 x)``, or with ``model.mlp: relu2``
+    ``W_2 ReLU(W_1 x)^2`` (So et al. 2021, "Primer", sec. 4; nanochat's MLP)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.up = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)
         self.down = nn.Linear(config.ff_dim, config.d_model, bias=config.bias)
+        self.squared_relu = config.mlp == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.squared_relu:
+            return self.down(F.relu(self.up(x)).square())
         # Exact (erf) GELU: GPT-2's tanh approximation is slower on CPUs (scripts/bench.py).
         return self.down(F.gelu(self.up(x)))
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP (Shazeer 2020, "GLU Variants Improve Transformer", eq. 6):
+    ``W_2 (SiLU(W_1 x) * W_3 x)``, a gate times a value, elementwise. Three matrices of hidden
+    width ``ff_dim`` (by default 2/3 of 4d: the GELU MLP's parameter count)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)  # W_1
+        self.up = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)  # W_3
+        self.down = nn.Linear(config.ff_dim, config.d_model, bias=config.bias)  # W_2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
 class LayerNorm(nn.LayerNorm):
@@ -54,15 +77,22 @@ class LayerNorm(nn.LayerNorm):
         return y if self.bias is None else y + self.bias
 
 
+def block_norm(config: ModelConfig) -> nn.Module:
+    """The block's norm of the residual stream: LayerNorm, or RMSNorm (which has no bias)."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, eps=config.norm_eps)
+    return LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
-        self.norm1 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.norm1 = block_norm(config)
         self.attn = MultiHeadAttention(config, layer)
-        self.norm2 = LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
-        self.mlp = MLP(config)
+        self.norm2 = block_norm(config)
+        self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
@@ -81,7 +111,7 @@ class TransformerLM(nn.Module):
         self.pos_embed = embedding_part(config)  # adds p_l for the additive schemes
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.norm = LayerNorm(d, eps=config.norm_eps, bias=config.bias)
+        self.norm = block_norm(config)
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
