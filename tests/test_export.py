@@ -34,6 +34,17 @@ ARCHITECTURES = {
     "gpt_neox": "GPTNeoXForCausalLM",
     "gpt2": "GPT2LMHeadModel",
     "mpt": "MptForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+LLAMA_BLOCK = {"norm": "rmsnorm", "mlp": "swiglu", "tie_embeddings": False}
+# Each target, from a model that trained a few steps: the GPT-2 block with each scheme it
+# exports, and the Llama-style block as Llama (grouped-query heads) and as Qwen3 (multi-query
+# heads with QK-norm).
+TRAINED = {
+    **{position: ({"position": position}, model_type) for position, model_type in TARGETS.items()},
+    "llama": ({**LLAMA_BLOCK, "n_head": 4, "n_kv_head": 2}, "llama"),
+    "qwen3": ({**LLAMA_BLOCK, "n_kv_head": 1, "qk_norm": True}, "qwen3"),
 }
 TEXTS = ["def f(x):\n    return x", "The for", "import os\nimport sys\n"]
 
@@ -73,13 +84,13 @@ def load_export(out: Path):
     return hf.eval(), info, AutoTokenizer.from_pretrained(out)
 
 
-@pytest.fixture(scope="module", params=tuple(TARGETS))
+@pytest.fixture(scope="module", params=tuple(TRAINED))
 def exported(request, tmp_path_factory, data_cache):
-    position = request.param
-    root = tmp_path_factory.mktemp(f"export-{position}")
+    model, model_type = TRAINED[request.param]
+    root = tmp_path_factory.mktemp(f"export-{request.param}")
     cfg = write_config(
         root / "tiny.yaml",
-        model={"position": position, "context_length": 64},
+        model={**model, "context_length": 64},
         data={"cache_dir": str(data_cache)},
         train={"max_steps": 20, "eval_every": 20, "checkpoint_every": 20, "tensorboard": False},
     )
@@ -88,7 +99,8 @@ def exported(request, tmp_path_factory, data_cache):
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     hf, info, tok = load_export(out)
     return SimpleNamespace(
-        position=position,
+        position=model.get("position", "rope"),
+        model_type=model_type,
         run_dir=run_dir,
         out=out,
         run=load_run(run_dir),
@@ -100,7 +112,7 @@ def exported(request, tmp_path_factory, data_cache):
 
 def test_export_is_the_target_architecture_with_every_weight_used(exported):
     config = json.loads((exported.out / "config.json").read_text())
-    model_type = TARGETS[exported.position]
+    model_type = exported.model_type
     assert config["model_type"] == model_type
     assert config["architectures"] == [ARCHITECTURES[model_type]]
     assert not exported.info["missing_keys"] and not exported.info["unexpected_keys"]
@@ -159,10 +171,11 @@ def test_import_of_the_export_gives_back_the_same_bits(exported, tmp_path, capsy
     m = back.config.model
     assert out == f"{back_dir}\n"  # the run, alone on standard output; what it is, on stderr
     scheme = m.position + (" (rope_base 10000, rope_scaling none)" if m.position == "rope" else "")
+    kv = f" ({m.kv_heads} key/value)" if m.kv_heads != m.n_head else ""
     assert err == (
-        f"lm: imported {TARGETS[m.position]} as a run: "
+        f"lm: imported {exported.model_type} as a run: "
         f"{back.model.num_parameters() / 1e6:.2f}M parameters, {m.n_layer} layers, {m.n_head} "
-        f"heads, width {m.d_model}, context {m.context_length}, {scheme} positions\n"
+        f"heads{kv}, width {m.d_model}, context {m.context_length}, {scheme} positions\n"
     )
     ours, theirs = exported.run.model.state_dict(), back.model.state_dict()
     assert ours.keys() == theirs.keys()
@@ -174,7 +187,7 @@ def test_import_of_the_export_gives_back_the_same_bits(exported, tmp_path, capsy
     assert (back_dir / "tokenizer.json").read_bytes() == tokenizer
     record = json.loads((back_dir / "run.json").read_text())
     assert record["imported_from"] == str(exported.out.resolve())
-    assert record["model_type"] == TARGETS[exported.position]
+    assert record["model_type"] == exported.model_type
 
     # The imported run is a run: lm sample and lm eval accept it.
     capsys.readouterr()
@@ -292,6 +305,42 @@ EVERY_SETTING = {
         normalize="stick_breaking",
     ),
     "window": case("model.window: 8 cannot be exported", position="rope", window=8),
+    # The Llama-style block: RoPE as Llama (grouped-query or multi-query heads, biases, any MLP
+    # width, a RoPE extension), with QK-norm as Qwen3; every other block refused naming why.
+    "llama": case(
+        position="rope", **{**LLAMA_BLOCK, **SHAPE}, n_head=4, n_kv_head=2, rope_scaling="pi:2"
+    ),
+    "llama-mqa-tied": case(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1),
+    "qwen3": case(position="rope", **LLAMA_BLOCK, n_head=4, n_kv_head=2, qk_norm=True, d_ff=40),
+    "qwen3-ntk": case(
+        position="rope", **LLAMA_BLOCK, qk_norm=True, rope_scaling="ntk:2", norm_eps=1e-6
+    ),
+    "qwen3-bias": case("Qwen3", position="rope", **LLAMA_BLOCK, qk_norm=True, bias=True),
+    "llama-rope-fraction": case(
+        "model.rope_fraction: 0.5 cannot be exported: Llama and Qwen3 rotate every feature",
+        position="rope",
+        **LLAMA_BLOCK,
+        rope_fraction=0.5,
+    ),
+    "llama-alibi": case(
+        "model.position: alibi with model.norm: rmsnorm cannot be exported",
+        position="alibi",
+        **LLAMA_BLOCK,
+    ),
+    "llama-learned": case("and no position table", position="learned", **LLAMA_BLOCK),
+    "swiglu-layernorm": case(
+        "model.norm: layernorm with model.mlp: swiglu", position="rope", mlp="swiglu"
+    ),
+    "gqa-layernorm": case(
+        "model.norm: layernorm with model.n_kv_head: 1", position="rope", n_kv_head=1
+    ),
+    "qk-norm-layernorm": case(
+        "model.norm: layernorm with model.qk_norm", position="rope", qk_norm=True
+    ),
+    "rmsnorm-gelu": case(
+        "model.mlp: gelu with model.norm: rmsnorm", position="rope", norm="rmsnorm"
+    ),
+    "relu2": case("model.mlp: relu2 cannot be exported", position="rope", mlp="relu2"),
 }
 
 
@@ -481,9 +530,9 @@ def test_a_scheme_no_architecture_computes_is_refused_naming_it(tmp_path, capsys
     nothing_written(tmp_path, "hf")
 
 
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+MISTRAL = {
+    "architectures": ["MistralForCausalLM"],
+    "model_type": "mistral",
     "hidden_size": 32,
     "intermediate_size": 86,
     "num_attention_heads": 4,
@@ -496,10 +545,11 @@ LLAMA = {
 
 
 def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
-    llama = tmp_path / "llama"
-    llama.mkdir()
-    (llama / "config.json").write_text(json.dumps(LLAMA))
-    refused(capsys, ["import", str(llama), "--out", str(tmp_path / "r1")], "'llama'", "RMSNorm")
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    (mistral / "config.json").write_text(json.dumps(MISTRAL))
+    needles = "'mistral'", "the Llama and Qwen3 shape"
+    refused(capsys, ["import", str(mistral), "--out", str(tmp_path / "r1")], *needles)
     nothing_written(tmp_path, "r1")
 
     refused(capsys, ["import", str(tmp_path), "--out", str(tmp_path / "r2")], "no config.json")
@@ -508,6 +558,8 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
     # Exports edited into shapes lm does not have: the first mismatch is named.
     rope = untrained_run(tmp_path / "rope", position="rope")
     learned = untrained_run(tmp_path / "learned", position="learned")
+    llama = untrained_run(tmp_path / "llama", position="rope", **LLAMA_BLOCK)
+    qwen3 = untrained_run(tmp_path / "qwen3", position="rope", **LLAMA_BLOCK, qk_norm=True)
     lm_can = "lm computes rope_type default (any rope_theta; NTK-aware scaling exports as one)"
     cases = [
         (rope, {"use_parallel_residual": True}, "use_parallel_residual"),
@@ -523,6 +575,11 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
                                  "original_max_position_embeddings": 64}},
             "YaRN ramp is linear in the pair index",
         ),
+        (llama, {"hidden_act": "gelu"}, "hidden_act='gelu': lm's SwiGLU gates with SiLU"),
+        (llama, {"head_dim": 8}, "head_dim=8: lm's heads are d_model / n_head = 16 wide"),
+        (llama, {"pretraining_tp": 2}, "pretraining_tp"),
+        (qwen3, {"use_sliding_window": True}, "use_sliding_window"),
+        (qwen3, {"layer_types": ["sliding_attention", "full_attention"]}, "layer_types"),
     ]  # fmt: skip
     for i, (run_dir, change, needle) in enumerate(cases):
         out = tmp_path / f"hf{i}"

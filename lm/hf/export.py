@@ -43,7 +43,7 @@ whole numbers exactly only that far."""
 TABLE_BYTES = 2**30
 """The largest position table an export writes (GPT-2's ``wpe`` of the sinusoidal and no-position
 schemes, fp32): 1 GiB."""
-NAMES = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "mpt": "MPT"}
+NAMES = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "mpt": "MPT", "llama": "Llama", "qwen3": "Qwen3"}
 # What an export folder always holds; --overwrite replaces only such a folder (or an empty one).
 _EXPORT_FILES = ("config.json", "model.safetensors")
 
@@ -233,8 +233,8 @@ def _val_loss(run: LoadedRun) -> float | None:
 
 
 SCHEME_TEXT = {
-    "rope": "RoPE on interleaved pairs, stored in GPT-NeoX's rotate-half order (query and key rows "
-    "of every head renumbered; the scores are the same)",
+    "rope": "RoPE on interleaved pairs, stored in transformers' rotate-half order (query and key "
+    "rows of every head renumbered; the scores are the same)",
     "learned": "a learned absolute position table (GPT-2's `wpe`)",
     "sinusoidal": "the fixed sinusoids of Vaswani et al. in GPT-2's `wpe` ({positions} rows); the "
     "token embedding scaled by sqrt(d_model) is folded into `wte`, the head keeps the unscaled "
@@ -242,6 +242,15 @@ SCHEME_TEXT = {
     "none": "no position signal (GPT-2 with an all-zero `wpe`; only the causal mask orders tokens)",
     "alibi": "ALiBi linear distance biases (transformers' MPT, whose slopes equal lm's)",
 }
+
+
+def _block_text(m: ModelConfig) -> str:
+    """The block as the model card names it."""
+    if m.norm == "layernorm":
+        return "pre-norm LayerNorm, exact GELU"
+    kv = f"{m.kv_heads} key/value heads" if m.kv_heads != m.n_head else "a key/value head each"
+    qk = ", QK-norm (RMSNorm of each head's query and key before RoPE)" if m.qk_norm else ""
+    return f"pre-norm RMSNorm, SwiGLU, {kv}{qk}"
 
 
 def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> list[tuple[str, str]]:
@@ -271,7 +280,7 @@ def _card_facts(run_dir: Path, run: LoadedRun, dtype: str, positions: int) -> li
         (
             "architecture",
             f"{m.n_layer} layers, {m.n_head} heads, d_model {m.d_model}, MLP {m.ff_dim}, "
-            "pre-norm LayerNorm, exact GELU",
+            + _block_text(m),
         ),
         ("context", f"trained on {m.context_length} tokens; this export accepts {positions}"),
         (
@@ -332,8 +341,8 @@ print(tok.batch_decode(out[:, batch["input_ids"].shape[1]:]))
 
 Always pass the `attention_mask` with a padded batch. `lm` counts positions over real tokens
 only; `generate` derives the same position ids from the mask, and a plain forward call needs
-`position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0)` for GPT-2 and GPT-NeoX exports
-(ALiBi depends only on distances, so MPT needs none). `lm sample` slides a window of
+`position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0)` for GPT-2, GPT-NeoX, Llama and
+Qwen3 exports (ALiBi depends only on distances, so MPT needs none). `lm sample` slides a window of
 {m.context_length} tokens over longer texts; `generate` keeps the whole text.
 
 Evaluate with lm-evaluation-harness:

@@ -1,4 +1,5 @@
-"""``lm import``: a Hugging Face model folder (GPT-2, GPT-NeoX or MPT shaped) as an ``lm`` run.
+"""``lm import``: a Hugging Face model folder (GPT-2, GPT-NeoX, MPT, Llama or Qwen3 shaped) as an
+``lm`` run.
 
 The run holds config.yaml, tokenizer.json, run.json (saying where the weights came from) and one
 checkpoint, ``checkpoints/step_00000000``, with weights only: ``lm sample``, ``lm eval`` and
@@ -86,8 +87,10 @@ class Imported:
     def summary(self) -> str:
         """One line: the architecture, the size, the position scheme and its settings."""
         m = self.model
+        kv = f" ({m.kv_heads} key/value)" if m.kv_heads != m.n_head else ""
         shape = (
-            f"{m.n_layer} layers, {m.n_head} heads, width {m.d_model}, context {m.context_length}"
+            f"{m.n_layer} layers, {m.n_head} heads{kv}, width {m.d_model}, "
+            f"context {m.context_length}"
         )
         scheme = m.position_text
         if "rope" in m.layer_positions:
@@ -177,8 +180,11 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 "dropout": saved.model.dropout,
                 "context_length": keys["context_length"],
             }
-            if saved.model.ff_dim == (keys["d_ff"] or 4 * keys["d_model"]):
+            as_read = ModelConfig(**keys)
+            if saved.model.ff_dim == as_read.ff_dim:
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
+            if saved.model.kv_heads == as_read.kv_heads:
+                kept["n_kv_head"] = saved.model.n_kv_head  # n_head written out, or left out
             if keys["position"] != "learned":
                 kept["context_length"] = saved.model.context_length
                 kept["random_positions"] = saved.model.random_positions

@@ -1,4 +1,5 @@
-"""RoPE's settings as transformers' GPT-NeoX ``rope_parameters``, both ways, each checked
+"""RoPE's settings as transformers' ``rope_parameters`` (GPT-NeoX's; Llama and Qwen3 read the
+same, less ``partial_rotary_factor``), both ways, each checked
 against the frequencies transformers itself computes.
 
 ==================  ============================================================  ==============
@@ -38,6 +39,7 @@ that differs.
 
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Any
 
@@ -101,8 +103,9 @@ def rope_parameters(cfg: ModelConfig) -> dict[str, Any]:
 
 def rope_keys(where: str, config: Any) -> dict[str, Any]:
     """lm's RoPE keys (``rope_base``, ``rope_scaling``, ``rope_fraction``,
-    ``rope_original_context``) from a GPT-NeoX config; what lm cannot compute is refused in one
-    line, and what it can is checked pair by pair against transformers' own frequencies."""
+    ``rope_original_context``) from a GPT-NeoX, Llama or Qwen3 config; what lm cannot compute
+    is refused in one line, and what it can is checked pair by pair against transformers' own
+    frequencies."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     rope_type = params.get("rope_type", "default")
     head_dim = config.hidden_size // config.num_attention_heads
@@ -143,13 +146,22 @@ def rope_keys(where: str, config: Any) -> dict[str, Any]:
     return keys
 
 
-def check_rope(cfg: ModelConfig, config: Any, what: str) -> None:
-    """Refuse, in one line starting with ``what``, when transformers' GPT-NeoX with ``config``
-    rotates queries and keys otherwise than lm's model ``cfg``: another number of rotated
-    pairs, another frequency for one of them, or another factor on cos and sin."""
-    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+ROTARY_CLASSES = {
+    "gpt_neox": "gpt_neox.modeling_gpt_neox:GPTNeoXRotaryEmbedding",
+    "llama": "llama.modeling_llama:LlamaRotaryEmbedding",
+    "qwen3": "qwen3.modeling_qwen3:Qwen3RotaryEmbedding",
+}
+"""Where transformers computes each RoPE target's frequencies, under ``transformers.models``."""
 
-    rotary = GPTNeoXRotaryEmbedding(config)
+
+def check_rope(cfg: ModelConfig, config: Any, what: str) -> None:
+    """Refuse, in one line starting with ``what``, when transformers' model with ``config``
+    (GPT-NeoX, Llama or Qwen3) rotates queries and keys otherwise than lm's model ``cfg``:
+    another number of rotated pairs, another frequency for one of them, or another factor on
+    cos and sin."""
+    module, name = ROTARY_CLASSES[config.model_type].split(":")
+    rotary_class = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+    rotary = rotary_class(config)
     theirs, their_scale = rotary.inv_freq.double(), float(rotary.attention_scaling)
     ours, scales = lm_frequencies(cfg)
     pairs = cfg.rope_pairs
