@@ -9,12 +9,19 @@
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --tokenize  # and BPE tokenizing
     python scripts/bench.py --shapes nanogpt-cpu --dtypes fp32 --malloc-default  # glibc as is
     python scripts/bench.py --shapes main --dtypes fp32 --positions learned,rope --steps 200
+    python scripts/bench.py --shapes main --dtypes fp32 --block --steps 200  # Llama's block
+    python scripts/bench.py --no-train --decode-kv  # decoding per n_kv_head, and cache bytes
 
 ``--positions`` replaces each shape's position scheme, one row per scheme; a scheme may carry model
 keys joined by ``+`` (``none+normalize=stick_breaking``, ``rope+window=32``,
 ``rope+normalize=ssmax``, ``rope+rope_p=0.5``). The schemes of a shape train side by side, a step of
 each in turn, and each one's tokens/s over the first scheme's is printed as the median of the
-step-by-step ratios: a machine whose speed drifts slows them alike.
+step-by-step ratios: a machine whose speed drifts slows them alike. ``--block`` adds, beside each
+row, the same shape in the Llama-style block (RMSNorm, SwiGLU, ``n_head / 2`` key/value heads)
+with the SwiGLU width that gives it the GPT-2 block's parameter count (:func:`llama_block`), so its
+ratio is the new block's tokens/s over GPT-2's at equal size. ``--decode-kv`` times greedy
+decoding with the KV cache in the Llama-style block at ``n_kv_head`` = ``n_head``, ``n_head / 2``
+and 1, with the bytes of each one's cache for a full context.
 
 For each shape and dtype it times full optimizer steps (the trainer's own data path, forward,
 loss, backward, clipping, AdamW) on random tokens after a warm-up, and reports tokens/s and MFU:
@@ -203,6 +210,20 @@ def random_split(vocab: int, n_tokens: int, seed: int = 0) -> TokenizedSplit:
     return TokenizedSplit(tokens=tokens, offsets=np.array([0, n_tokens], dtype=np.int64))
 
 
+def llama_block(shape: dict, position: str | None = None) -> str:
+    """``shape`` (a GPT-2 block) in the Llama-style block as a ``--positions`` variant: RMSNorm,
+    SwiGLU, half the key/value heads (all, for an odd ``n_head``), and the SwiGLU width, a
+    multiple of 8, whose parameter count is nearest the GPT-2 block's. Per block (no biases)
+    GPT-2 has ``4 d^2 + 2 d f`` in attention and MLP, the Llama block ``2 d^2 + 2 d h_kv d_k +
+    3 d w``, so ``w = (2 d + 2 f - 2 h_kv d_k) / 3``."""
+    cfg = ModelConfig(**{"vocab_size": 65, **shape, **(variant(position) if position else {})})
+    d, heads = cfg.d_model, cfg.n_head
+    kv = heads // 2 if heads % 2 == 0 else heads
+    width = (2 * d + 2 * cfg.ff_dim - 2 * kv * cfg.head_dim) / 3
+    width = max(8, 8 * round(width / 8))
+    return f"{position or cfg.position_text}+norm=rmsnorm+mlp=swiglu+n_kv_head={kv}+d_ff={width}"
+
+
 def variant(text: str) -> dict:
     """``rope+window=32`` -> ``{"position": "rope", "window": 32}``: a scheme and model keys."""
     position, *keys = text.split("+")
@@ -381,6 +402,44 @@ def bench_decode(
     return result
 
 
+DECODE_SHAPE = dict(vocab_size=65, n_layer=6, n_head=6, d_model=384, context_length=1024)
+
+
+def bench_decode_kv(
+    device: torch.device, new_tokens: int = 512, reps: int = 3, shape: dict | None = None
+) -> list[dict]:
+    """Greedy decoding with the KV cache in the Llama-style block (``shape``, default 6/6/384,
+    ctx 1024) at ``n_kv_head`` = ``n_head``, ``n_head / 2`` and 1: tokens/s, and the bytes of
+    the cache of one sequence of the full context (they fall by ``n_head / n_kv_head``)."""
+    shape = shape or DECODE_SHAPE
+    heads = shape["n_head"]
+    rows = []
+    for kv in dict.fromkeys((heads, max(1, heads // 2), 1)):
+        if heads % kv:
+            continue
+        cfg = ModelConfig(**shape, norm="rmsnorm", mlp="swiglu", n_kv_head=kv)
+        torch.manual_seed(0)
+        model = TransformerLM(cfg).to(device).eval()
+        prompt = [[1, 2, 3, 4, 5, 6, 7, 8]]
+        generate(model, prompt, 8, pad_id=0)  # warm-up
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            out = generate(model, prompt, new_tokens, pad_id=0)
+            times.append(time.perf_counter() - t)
+        assert len(out[0]) == new_tokens
+        cache = model.new_cache(1, cfg.context_length)
+        rows.append(
+            {
+                "n_kv_head": kv,
+                "kv_cache_tokens_per_s": round(new_tokens / statistics.median(times), 1),
+                "cache_bytes": cache.nbytes,
+            }
+        )
+        del model, cache
+    return rows
+
+
 def bench_tokenize(reps: int = 3) -> dict:
     """BPE (vocab 1024) on the embedded corpus from an empty cache: training the tokenizer and
     tokenizing both splits with ``Dataset.map(batched=True)``, in one process (the tokenizers
@@ -466,6 +525,18 @@ def main() -> int:
         "--positions", help="position schemes, one row each (default: each shape's own)"
     )
     parser.add_argument(
+        "--block",
+        action="store_true",
+        help="also train each row in the Llama-style block at the GPT-2 block's parameter "
+        "count, side by side, and print its tokens/s over the GPT-2 block's",
+    )
+    parser.add_argument(
+        "--decode-kv",
+        action="store_true",
+        help="also time KV-cache decoding in the Llama-style block at n_kv_head = n_head, "
+        "n_head/2 and 1, with each cache's bytes",
+    )
+    parser.add_argument(
         "--fused-layer-norm",
         action="store_true",
         help="also train each row with PyTorch's fused LayerNorm, side by side (on CPU lm "
@@ -500,9 +571,13 @@ def main() -> int:
     for shape in args.shapes.split(",") if args.train else []:
         for dtype in dtypes:
             for compiled in (False, True) if args.compile else (False,):
+                variants = [
+                    *positions,
+                    *(llama_block(SHAPES[shape][0], p) for p in positions if args.block),
+                ]
                 runs = [
                     Training(shape, dtype, compiled, device, args.batch, position, fused)
-                    for position in positions
+                    for position in variants
                     for fused in ((False, True) if args.fused_layer_norm else (False,))
                 ]
                 bench_side_by_side(runs, args.steps, args.warmup)
@@ -536,6 +611,14 @@ def main() -> int:
             f"tokens/s, {d['speedup']:.1f}x"
             + ("" if compiled is None else f"; KV cache step compiled {compiled} tokens/s")
         )
+    if args.decode_kv:
+        report["decode_kv"] = bench_decode_kv(device, args.decode_tokens)
+        print(f"\ndecoding {args.decode_tokens} tokens, Llama-style block 6/6/384, ctx 1024:")
+        for r in report["decode_kv"]:
+            print(
+                f"  n_kv_head {r['n_kv_head']}: KV cache {r['kv_cache_tokens_per_s']} tokens/s, "
+                f"cache {r['cache_bytes'] / 2**20:.1f} MiB for one sequence of 1024 tokens"
+            )
     if args.tokenize:
         report["tokenize"] = t = bench_tokenize()
         print(

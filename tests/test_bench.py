@@ -160,3 +160,42 @@ def test_fused_layer_norm_rows_swap_only_the_norms(bench):
     ids = torch.randint(0, 65, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(fused.model(ids), ours.model(ids))  # the same model
+
+
+@pytest.mark.parametrize("shape", ["main", "nanogpt-cpu", "shakespeare-gpu", "gpt2-small"])
+def test_the_llama_block_row_has_the_gpt2_blocks_parameter_count(bench, shape):
+    # --block compares tokens/s at equal size: the SwiGLU width is chosen for it, so the two
+    # blocks' counts differ by less than one multiple of 8 of that width per block.
+    model_kw = bench.SHAPES[shape][0]
+    gpt2 = ModelConfig(**{"vocab_size": 65, **model_kw})
+    llama = ModelConfig(
+        **{"vocab_size": 65, **model_kw, **bench.variant(bench.llama_block(model_kw))}
+    )
+    assert (llama.norm, llama.mlp, llama.n_kv_head) == ("rmsnorm", "swiglu", gpt2.n_head // 2)
+    a, b = TransformerLM(gpt2).num_parameters(), TransformerLM(llama).num_parameters()
+    assert abs(a - b) <= gpt2.n_layer * (3 * 4 * gpt2.d_model + 2 * gpt2.d_model)
+    assert abs(a - b) / a < 0.01
+
+
+def test_block_rows_train_side_by_side_and_print_their_ratio(bench, monkeypatch, capsys, tmp_path):
+    bench.SHAPES["tiny"] = (dict(n_layer=1, n_head=2, d_model=32, context_length=16), 2)
+    argv = ["bench.py", "--shapes", "tiny", "--dtypes", "fp32", "--steps", "2", "--warmup", "1"]
+    argv += ["--block", "--out", str(tmp_path / "b.json")]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        assert bench.main() == 0
+    finally:
+        del bench.SHAPES["tiny"]
+    out = capsys.readouterr().out
+    assert "rope+norm=rmsnorm+mlp=swiglu+n_kv_head=1+d_ff=" in out
+    assert "/ rope tokens/s" in out
+
+
+def test_decode_kv_rows_measure_cache_bytes_falling_by_the_group_size(bench):
+    shape = dict(vocab_size=11, n_layer=2, n_head=4, d_model=32, context_length=24)
+    rows = bench.bench_decode_kv(torch.device("cpu"), new_tokens=4, reps=1, shape=shape)
+    assert [r["n_kv_head"] for r in rows] == [4, 2, 1]
+    full = rows[0]["cache_bytes"]
+    assert full == 2 * 2 * 4 * 24 * 8 * 4  # keys and values, layers, heads, slots, d_k, fp32
+    assert [full // r["cache_bytes"] for r in rows] == [1, 2, 4]
+    assert all(r["kv_cache_tokens_per_s"] > 0 for r in rows)

@@ -5,7 +5,8 @@ Slots are filled left to right, ``capacity`` at most, and preallocated: attentio
 slot (the unfilled ones masked) and new keys are written at a device-side slot index, so a
 one-token step has the same shapes and no host-side slicing at every step, and can be compiled
 or captured as a CUDA graph. Keys are stored after RoPE, each keeping the rotation of its own
-position.
+position. With grouped-query attention (``model.n_kv_head``) the cache holds the ``n_kv_head``
+key/value heads, not one per query head: ``n_head / n_kv_head`` times fewer bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from lm.model.masks import positions_from_mask
 
 
 class KVCache:
-    """Keys and values ``[layers, B, H, capacity, d_k]``, the key mask and key positions
+    """Keys and values ``[layers, B, H_kv, capacity, d_k]``, the key mask and key positions
     ``[B, capacity]`` (False and 0 at pads and unfilled slots). ``dtype`` stores keys and values
     in another precision (bf16 under autocast). Only ``extend`` moves the slots: the model
     calls it once per forward pass, before the layers read and write this pass's slots."""
@@ -30,7 +31,7 @@ class KVCache:
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
     ):
-        shape = (config.n_layer, batch, config.n_head, capacity, config.head_dim)
+        shape = (config.n_layer, batch, config.kv_heads, capacity, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
@@ -62,11 +63,16 @@ class KVCache:
         return positions
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Write one layer's new keys and values ``[B, H, T, d_k]`` into this pass's slots;
-        return that layer's keys and values of every slot, ``[B, H, capacity, d_k]``."""
+        """Write one layer's new keys and values ``[B, H_kv, T, d_k]`` into this pass's slots;
+        return that layer's keys and values of every slot, ``[B, H_kv, capacity, d_k]``."""
         self.k[layer].index_copy_(2, self._new, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, self._new, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every layer's keys and values."""
+        return self.k.nbytes + self.v.nbytes
 
     def cumulative(self, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Running sums of a per-token value of one layer (FoX's log forget gates), ``values [B,
