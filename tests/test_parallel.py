@@ -61,13 +61,14 @@ def checkpoint_files(run_dir: Path) -> tuple[dict, dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    """One process, and 2-process FSDP, 6 steps each, checkpoints at 3 and 6."""
+def runs(tmp_path_factory, block) -> Path:
+    """One process, and 2-process FSDP, 6 steps each, checkpoints at 3 and 6, in each block."""
     root = tmp_path_factory.mktemp("parallel")
     data = {"cache_dir": str(root / "cache")}  # its own (the per-test LM_CACHE is not set yet)
-    cfg = {"model": NEWER, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
+    model = {**NEWER, **block}
+    cfg = {"model": model, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
     train(tiny_config(data=data, **cfg), root / "one", quiet=True)
-    fsdp = {"model": NEWER, "train": {**cfg["train"], "parallel": "fsdp"}}
+    fsdp = {"model": model, "train": {**cfg["train"], "parallel": "fsdp"}}
     torchrun(write_config(root / "fsdp.yaml", data=data, **fsdp), root / "fsdp")
     return root
 
@@ -122,15 +123,15 @@ def test_fsdp_checkpoint_is_a_one_process_checkpoint(runs):
     torch.testing.assert_close(head.detach(), w2["embed.weight"], rtol=0, atol=0)
 
 
-def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, tmp_path, capsys):
+def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, block, tmp_path, capsys):
     # Stopped after 3 steps (all in warmup, so the schedule is the 6-step run's), then resumed.
     first = {
-        "model": NEWER,
+        "model": {**NEWER, **block},
         "train": {**STEPS, "max_steps": 3, "checkpoint_every": 3, "parallel": "fsdp"},
     }
     torchrun(write_config(tmp_path / "three.yaml", **first), tmp_path / "resumed")
     shutil.copytree(tmp_path / "resumed", tmp_path / "resumed_by_one")
-    rest = {"model": NEWER, "train": {**first["train"], "max_steps": 6}}
+    rest = {"model": first["model"], "train": {**first["train"], "max_steps": 6}}
     torchrun(write_config(tmp_path / "six.yaml", **rest), tmp_path / "resumed", "--resume")
     assert losses(tmp_path / "resumed") == losses(runs / "fsdp")
     w_straight, o_straight, _ = checkpoint_files(runs / "fsdp")

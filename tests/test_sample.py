@@ -62,8 +62,8 @@ CASES = [(p, {}) for p in [*POSITIONS, ["rope", "none"], ["fire", "t5"]]] + OPTI
 
 
 @pytest.mark.parametrize(("position", "options"), CASES, ids=str)
-def test_batched_prompts_equal_each_prompt_alone_past_the_context(position, options):
-    model = random_model(position, **options)
+def test_batched_prompts_equal_each_prompt_alone_past_the_context(position, options, block):
+    model = random_model(position, **options, **block)
     prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]  # last > context
     alone = [generate(model, [p], 20, pad_id=0)[0] for p in prompts]
     for use_cache in (True, False):
@@ -73,10 +73,10 @@ def test_batched_prompts_equal_each_prompt_alone_past_the_context(position, opti
         ] == alone
 
 
-def test_kv_cache_logits_equal_full_forward():
+def test_kv_cache_logits_equal_full_forward(block):
 
     for position, options in [*CASES, (["alibi", "kerple"], {})]:
-        model = random_model(position, **options)
+        model = random_model(position, **options, **block)
         ids = torch.randint(1, 30, (2, 10))
         full = model(ids)
         cache = model.new_cache(2, 12)

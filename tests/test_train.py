@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 from _support import (
+    BLOCKS,
     assert_bf16_step_matches_fp32,
     assert_same_weights,
     losses,
@@ -61,6 +62,8 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         ("adamw", {"position": ["fox", "cope"], "normalize": "ssmax", "window": [8, None]}),
         ("muon", {"position": ["xpos", "sandwich"], "rope_p": 0.5}),
         ("adamw", {"position": "none", "normalize": "stick_breaking"}),
+        ("adamw", BLOCKS["llama"]),
+        ("muon", {**BLOCKS["llama"], "position": ["fox", "cope"], "window": [8, None]}),
     ],
     ids=[
         "adamw",
@@ -69,6 +72,8 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         "fox-cope-ssmax-window",
         "xpos-sandwich-p-rope",
         "stick-breaking",
+        "llama-block",
+        "llama-block-fox-cope-muon",
     ],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
@@ -193,18 +198,24 @@ def test_padded_batch_step_equals_sequences_one_at_a_time():
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7)
 
 
+NEWER_SCHEMES = {"n_layer": 4, "position": ["fox", "cope", "xpos", "sandwich"], "rope_p": 0.5,
+                 "normalize": "ssmax", "window": [8, None, "..."]}  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "model",
+    ("model", "block"),
     [
-        {"n_layer": 4, "position": ["fox", "cope", "xpos", "sandwich"], "rope_p": 0.5,
-         "normalize": "ssmax", "window": [8, None, "..."]},
-        {"position": "none", "normalize": "stick_breaking"},
+        (NEWER_SCHEMES, "gpt2"),
+        (NEWER_SCHEMES, "llama"),
+        ({"position": "none", "normalize": "stick_breaking"}, "gpt2"),
     ],
-    ids=["newer-schemes", "stick-breaking"],
-)  # fmt: skip
-def test_two_process_ddp_matches_one_process(tmp_path, model):
-    cfg = {"model": model, "train": {"max_steps": 6, "eval_every": 6, "log_every": 1,
-                                     "batch_size": 8}}  # fmt: skip
+    ids=["newer-schemes", "newer-schemes-llama-block", "stick-breaking"],
+)
+def test_two_process_ddp_matches_one_process(tmp_path, model, block):
+    # Over both blocks: what DDP reduces includes the Llama-style block's gains and its grouped
+    # key/value projections.
+    cfg = {"model": {**model, **BLOCKS[block]}, "train": {"max_steps": 6, "eval_every": 6,
+                                                  "log_every": 1, "batch_size": 8}}  # fmt: skip
     path = write_config(tmp_path / "c.yaml", **cfg)
     train(tiny_config(**cfg), tmp_path / "one", quiet=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
