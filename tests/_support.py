@@ -45,10 +45,11 @@ TINY: dict[str, dict[str, Any]] = {
 
 BLOCKS: dict[str, dict[str, Any]] = {
     "gpt2": {},
-    "llama": {"norm": "rmsnorm", "mlp": "swiglu"},
+    "llama": {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_head": 1, "qk_norm": True},
 }
 """The two blocks the model's tests run over (the ``block`` fixture): GPT-2's (LayerNorm, GELU,
-a key/value head per query head) and a Llama-style one with every new key away from GPT-2's."""
+a key/value head per query head) and a Llama-style one with every new key away from GPT-2's:
+RMSNorm, SwiGLU, QK-norm, and one key/value head (the tests' models have two query heads)."""
 
 
 def tiny_config(**sections: dict[str, Any]) -> Config:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,119 @@ def test_a_run_saved_before_the_block_keys_is_the_gpt2_block():
     assert (m.norm, m.mlp, m.n_kv_head, m.qk_norm) == ("layernorm", "gelu", None, False)
     assert m.kv_heads == m.n_head
     assert type(run.model.blocks[0].norm1) is LayerNorm and type(run.model.blocks[0].mlp) is MLP
+
+
+def _tiny(**model) -> TransformerLM:
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=29, context_length=16, n_layer=2, n_head=4, d_model=32)
+    model = TransformerLM(ModelConfig(**{**cfg, **model})).eval()
+    with torch.no_grad():  # gains away from one, so that a misplaced gain shows
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight")):
+                p.add_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def _repeated_heads(gqa: TransformerLM) -> TransformerLM:
+    """The same model with one key/value head per query head: each of ``gqa``'s key and value
+    heads repeated for the query heads of its group."""
+    cfg = gqa.config
+    H, kv, dk = cfg.n_head, cfg.kv_heads, cfg.head_dim
+    mha = TransformerLM(dataclasses.replace(cfg, n_kv_head=None)).eval()
+    state = dict(gqa.state_dict())
+    for name in [n for n in state if n.endswith(("attn.qkv.weight", "attn.qkv.bias"))]:
+        q, k, v = state[name].split([H * dk, kv * dk, kv * dk])
+        group = lambda t: t.unflatten(0, (kv, dk)).repeat_interleave(H // kv, 0).flatten(0, 1)  # noqa: E731
+        state[name] = torch.cat([q, group(k), group(v)])
+    mha.load_state_dict(state)
+    return mha
+
+
+@pytest.mark.parametrize(
+    ("model", "kernel"),
+    [
+        ({"position": "rope"}, "sdpa"),
+        ({"position": "rope", "qk_norm": True, "bias": True}, "math"),
+        ({"position": "alibi", "window": 5}, "sdpa"),
+        ({"position": "cope"}, "sdpa"),  # CoPE's gates read the keys
+        ({"position": ["fox", "xpos"]}, "math"),
+        ({"position": "t5", "normalize": "ssmax"}, "sdpa"),
+        ({"position": "none", "normalize": "stick_breaking"}, "sdpa"),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("n_kv_head", [2, 1])
+def test_a_query_head_reads_its_groups_keys_and_values(model, kernel, n_kv_head):
+    gqa = _tiny(**model, kernel=kernel, n_kv_head=n_kv_head, norm="rmsnorm", mlp="swiglu")
+    mha = _repeated_heads(gqa)
+    ids = torch.randint(1, 29, (2, 11))
+    key_mask = torch.ones_like(ids, dtype=torch.bool)
+    key_mask[1, :3] = False  # left padding
+    with torch.no_grad():
+        torch.testing.assert_close(gqa(ids), mha(ids), atol=2e-5, rtol=1e-4)
+        real = key_mask
+        ours, theirs = gqa(ids, key_mask=key_mask), mha(ids, key_mask=key_mask)
+        torch.testing.assert_close(ours[real], theirs[real], atol=2e-5, rtol=1e-4)
+    qkv = gqa.blocks[0].attn.qkv.weight
+    assert qkv.shape == ((4 + 2 * n_kv_head) * 8, 32)
+
+
+def test_the_kv_cache_bytes_fall_by_n_head_over_n_kv_head():
+    sizes = {}
+    for kv in (4, 2, 1):
+        model = _tiny(n_kv_head=kv, norm="rmsnorm", mlp="swiglu")
+        cache = model.new_cache(3, 16)
+        assert cache.k.shape == (2, 3, kv, 16, 8)
+        sizes[kv] = cache.nbytes
+    assert sizes[4] == 2 * 2 * 3 * 4 * 16 * 8 * 4  # keys and values, layers, batch, heads, ...
+    assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
+
+
+def test_qk_norm_makes_scores_blind_to_the_scale_of_queries_and_keys():
+    ids = torch.randint(1, 29, (2, 9))
+    for qk_norm in (True, False):
+        model = _tiny(qk_norm=qk_norm, norm="rmsnorm", mlp="swiglu", n_kv_head=2)
+        with torch.no_grad():
+            before = model(ids)
+            for block in model.blocks:  # queries x 7, keys x 3 (values untouched)
+                block.attn.qkv.weight[: 4 * 8] *= 7.0
+                block.attn.qkv.weight[4 * 8 : 6 * 8] *= 3.0
+            after = model(ids)
+        if qk_norm:
+            torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-4)
+        else:
+            assert not torch.allclose(after, before, atol=1e-2)
+    assert {"blocks.0.attn.q_norm.weight", "blocks.0.attn.k_norm.weight"} <= set(
+        _tiny(qk_norm=True).state_dict()
+    )
+    assert not any("q_norm" in name for name in _tiny().state_dict())
+
+
+@pytest.mark.parametrize("position", ["rope", "xpos"])
+def test_qk_norm_normalizes_before_the_rotation(position, monkeypatch):
+    import lm.model.attention
+
+    model = _tiny(position=position, qk_norm=True, norm="rmsnorm", mlp="swiglu", n_kv_head=2)
+    attn = model.blocks[0].attn
+    with torch.no_grad():  # gains of many sizes: a rotation does not commute with them
+        attn.q_norm.weight.copy_(torch.linspace(0.2, 3.0, 8))
+        attn.k_norm.weight.copy_(torch.linspace(2.0, 0.5, 8))
+    seen = []
+    attend = lm.model.attention.attend
+    monkeypatch.setattr(
+        lm.model.attention,
+        "attend",
+        lambda q, k, *a, **kw: seen.append((q, k)) or attend(q, k, *a, **kw),
+    )
+    ids = torch.randint(1, 29, (1, 9))
+    with torch.no_grad():
+        model(ids)
+        plan = model.plan(ids).at_window(None)
+        x = model.blocks[0].norm1(model.embed(ids))
+        q, k, _ = attn.project(x)
+        first = attn.position.rotate(attn.q_norm(q), attn.k_norm(k), plan)
+        after = attn.position.rotate(q, k, plan)
+        after = attn.q_norm(after[0]), attn.k_norm(after[1])
+    for ours, wanted, wrong in zip(seen[0], first, after, strict=True):
+        torch.testing.assert_close(ours, wanted)
+        assert not torch.allclose(ours, wrong, atol=1e-3)

@@ -200,6 +200,8 @@ def bias_by_distance(model: TransformerLM, ids: torch.Tensor) -> dict[int, np.nd
         attn, layer_plan = block.attn, plan.at_window(block.attn.window)
         h = block.norm1(x)
         q, k, _ = attn.project(h)
+        if attn.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = attn.position.rotate(q, k, layer_plan)
         bias = attn.position.additive_mask(layer_plan, h, q, k)  # (1, H, T, T)
         if bias is not None:

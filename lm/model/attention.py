@@ -11,6 +11,14 @@ never asks which they are. The mask ``M`` (with a layer's sliding window) and th
 decided once per forward pass (:mod:`lm.model.plan`); :func:`attend` runs that kernel: the notes'
 formula written out (:func:`lm.model.kernels.attention`), SDPA, FlexAttention, or stick-breaking
 in place of the softmax.
+
+Two settings of the Llama-style block act here. Grouped-query attention (Ainslie et al. 2023,
+``model.n_kv_head``): ``n_kv_head`` key and value heads, each read by the ``n_head / n_kv_head``
+query heads of its group; the cache and the kernels take them as they are, SDPA and
+FlexAttention with their own grouped-query path, the formulas written out with each group's
+heads repeated (:func:`lm.model.kernels.per_query_head`). QK-norm (``model.qk_norm``; Henry et
+al. 2020, Qwen3): RMSNorm over each head's query and key, with a learned gain per feature,
+before the position scheme rotates them or biases their scores.
 """
 
 from __future__ import annotations
@@ -23,19 +31,21 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
-from lm.model.kernels import attention, flex, softmax_rows, stick_breaking
+from lm.model.kernels import attention, flex, per_query_head, softmax_rows, stick_breaking
 from lm.model.normalize import normalization_part
 from lm.model.plan import AdditiveMask, Plan
 from lm.model.position import attention_part
+from lm.model.rmsnorm import RMSNorm
 
 
 class MultiHeadAttention(nn.Module):
     """``Y = Concat(Y_1, ..., Y_b) W_O^T``, per-head ``W_Q, W_K, W_V`` (notes, "Multiple heads").
 
-    The per-head projections are stored stacked in one ``[3 d, d]`` matrix: rows ``h d_k ...
-    (h+1) d_k`` of the first third are head h's ``W_Q`` (then ``W_K``, then ``W_V``). That is the
-    same math as separate matrices, done as one matmul. ``layer`` is this layer's index in the
-    model (its slot in a KV cache).
+    The per-head projections are stored stacked in one ``[(H + 2 H_kv) d_k, d]`` matrix (``[3
+    d, d]`` with a key/value head per query head): rows ``h d_k ... (h+1) d_k`` are query head
+    h's ``W_Q``, then come the ``H_kv`` key heads' ``W_K`` and the value heads' ``W_V``. That is
+    the same math as separate matrices, done as one matmul. ``layer`` is this layer's index in
+    the model (its slot in a KV cache).
     """
 
     def __init__(self, config: ModelConfig, layer: int = 0):
@@ -43,9 +53,15 @@ class MultiHeadAttention(nn.Module):
         if config.d_model % config.n_head:
             raise ValueError(f"d_model={config.d_model} is not divisible by n_head={config.n_head}")
         self.n_head, self.head_dim, self.layer = config.n_head, config.head_dim, layer
+        self.kv_heads = config.kv_heads
         self.dropout = config.dropout
         self.window = config.layer_windows[layer]  # None: every key
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        width = (config.n_head + 2 * config.kv_heads) * config.head_dim
+        self.qkv = nn.Linear(config.d_model, width, bias=config.bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # a gain per feature of a head, shared by the heads
+            self.q_norm = RMSNorm(config.head_dim, eps=config.norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, eps=config.norm_eps)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # W_O
         self.position = attention_part(config, layer)
         self.normalization = normalization_part(config)
@@ -54,9 +70,11 @@ class MultiHeadAttention(nn.Module):
         """Self-attention of ``x [B, T, d]`` as ``plan`` places and masks it, ``[B, T, d]``.
         With ``cache``, the new keys and values join those of the earlier tokens."""
         plan = plan.at_window(self.window)  # the keys this layer may read
-        q, k, v = self.project(x)  # (B, H, T, d_k) each
+        q, k, v = self.project(x)  # (B, H, T, d_k), k and v (B, H_kv, T, d_k)
+        if self.qk_norm:  # QK-norm: before any rotation or score bias
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.position.rotate(q, k, plan)
-        if cache is not None:  # every slot's keys and values, (B, H, capacity, d_k)
+        if cache is not None:  # every slot's keys and values, (B, H_kv, capacity, d_k)
             k, v = cache.store(self.layer, k, v)
         added = self.position.additive_mask(plan, x, q, k, cache)  # M + B; None: M alone
         q = self.normalization.scale(q, plan)  # SSMax's s_h log n; the notes' softmax: q
@@ -66,18 +84,23 @@ class MultiHeadAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> list[torch.Tensor]:
         """``Q = X W_Q^T``, ``K = X W_K^T``, ``V = X W_V^T``, split into heads: ``[B, H, T,
-        d_k]`` each, from one matmul."""
-        qkv = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim))  # (B, T, 3, H, d_k)
-        return list(qkv.permute(2, 0, 3, 1, 4).unbind(0))
+        d_k]``, ``[B, H_kv, T, d_k]`` twice, from one matmul."""
+        kv = self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
+        # (B, T, heads x d_k) -> (B, heads, T, d_k)
+        return [t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in (q, k, v)]
 
     def scores_and_weights(self, x: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, ...]:
         """The normalization's input ``S + B + M`` and its weights ``A``, ``[B, H, T, T]`` each:
         what the attention pictures show, for a ``math`` or ``stick_breaking`` plan."""
         plan = plan.at_window(self.window)
         q, k, v = self.project(x)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.position.rotate(q, k, plan)
         added = self.position.additive_mask(plan, x, q, k)  # holds M's -inf too
         q = self.normalization.scale(q, plan)
+        k, v = per_query_head(k, self.n_head), per_query_head(v, self.n_head)
         mask = plan.mask if added is None else added
         s = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # S: (B, H, T, T)
         if mask is not None:
@@ -102,18 +125,22 @@ def attend(
 ) -> torch.Tensor:
     """``Y = softmax(S + M) V`` ``[B, H, Lq, d_v]`` by the plan's kernel, for q ``[B, H, Lq,
     d_k]`` and k, v ``[B, H, Lk, d]``. ``added`` is a layer's ``M + B`` in the form the plan made
-    it (a float tensor, or a score function for FlexAttention); dropout acts on ``A``."""
+    it (a float tensor, or a score function for FlexAttention); dropout acts on ``A``. k and v
+    may hold fewer heads than q (grouped-query attention), each read by its group."""
+    grouped = k.shape[1] != q.shape[1]
     if plan.kernel == "flex":
-        y = flex(q, k, v, score_mod=added, block_mask=plan.mask)
+        y = flex(q, k, v, score_mod=added, block_mask=plan.mask, enable_gqa=grouped)
     elif plan.kernel in ("math", "stick_breaking"):  # the notes' formula, written out
+        k, v = per_query_head(k, q.shape[1]), per_query_head(v, q.shape[1])
         normalized = attention if plan.kernel == "math" else stick_breaking
         y, weights = normalized(q, k, v, plan.mask if added is None else added)
         if dropout:
             y = F.dropout(weights, dropout) @ v
     else:
         mask = plan.mask if added is None else added
+        gqa = {"enable_gqa": True} if grouped else {}  # (the one-head-each call as it was)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=plan.is_causal
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=plan.is_causal, **gqa
         )
     # A query with no key to read (left padding) read every key instead; its output is zero.
     return y if plan.no_keys is None else y.masked_fill(plan.no_keys, 0.0)

@@ -80,12 +80,13 @@ def flex_backward(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-def flex(q, k, v, score_mod=None, block_mask=None) -> torch.Tensor:
+def flex(q, k, v, score_mod=None, block_mask=None, enable_gqa=False) -> torch.Tensor:
     """FlexAttention, compiled: inside a compiled model as it is, otherwise compiled on its own
     (PyTorch's eager FlexAttention is a reference that builds every score, slower than SDPA
-    with a mask)."""
+    with a mask). ``enable_gqa``: k and v hold fewer heads than q, each read by its group."""
     run = flex_attention if torch.compiler.is_compiling() else _compiled_flex()
-    return run(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    gqa = {"enable_gqa": True} if enable_gqa else {}
+    return run(q, k, v, score_mod=score_mod, block_mask=block_mask, **gqa)
 
 
 @functools.cache
@@ -93,3 +94,12 @@ def _compiled_flex():
     """``flex_attention`` compiled once. Shapes are static (one compilation per length):
     Inductor's CPU code for dynamic shapes fails to build in PyTorch 2.13."""
     return torch.compile(flex_attention, dynamic=False)
+
+
+def per_query_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query keys or values ``[B, H_kv, L, d]`` as ``[B, heads, L, d]``: key/value head
+    g repeated for the ``heads / H_kv`` query heads of its group (query head h reads head
+    ``h // (heads / H_kv)``), for a formula that reads one key per query head. The tensor itself
+    when there is one key/value head per query head already."""
+    group = heads // t.shape[1]
+    return t if group == 1 else t.repeat_interleave(group, dim=1)

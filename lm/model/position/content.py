@@ -13,6 +13,7 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
+from lm.model.kernels import per_query_head
 from lm.model.plan import AdditiveMask, Plan
 from lm.model.position.base import Scheme
 
@@ -89,7 +90,7 @@ class CoPE(Scheme):
         cache: KVCache | None = None,
     ) -> AdditiveMask | None:
         root = math.sqrt(q.shape[-1])
-        q32 = q.float()
+        q32, k = q.float(), per_query_head(k, q.shape[1])  # each query head its group's keys
         gates = torch.sigmoid(q32 @ k.float().transpose(-2, -1) / root)  # (B, H, Lq, Lk)
         if plan.mask is not None:  # the keys a query may not read count nothing
             gates = gates.masked_fill(~plan.mask, 0.0)
