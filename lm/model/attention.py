@@ -73,8 +73,7 @@ class MultiHeadAttention(nn.Module):
         With ``cache``, the new keys and values join those of the earlier tokens."""
         plan = plan.at_window(self.window)  # the keys this layer may read
         q, k, v = self.project(x)  # (B, H, T, d_k), k and v (B, H_kv, T, d_k)
-        if self.qk_norm:  # QK-norm: before any rotation or score bias
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = (self.q_norm(q), self.k_norm(k)) if self.qk_norm else (q, k)  # QK-norm: first
         if self.rotates:
             q, k = self.position.rotate(q, k, plan)
         if cache is not None:  # every slot's keys and values, (B, H_kv, capacity, d_k)
@@ -85,25 +84,21 @@ class MultiHeadAttention(nn.Module):
         y = attend(q, k, v, plan, bias, self.dropout if self.training else 0.0)  # (B, H, T, d_k)
         return self.out(y.transpose(1, 2).flatten(2))  # heads concatenated, then W_O
 
-    def project(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """``Q = X W_Q^T``, ``K = X W_K^T``, ``V = X W_V^T``, split into heads: ``[B, H, T,
-        d_k]``, ``[B, H_kv, T, d_k]`` twice, from one matmul."""
-        kv = self.kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        # (B, T, heads x d_k) -> (B, heads, T, d_k)
-        return [t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in (q, k, v)]
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``Q = X W_Q^T``, ``K = X W_K^T``, ``V = X W_V^T`` from one matmul, split into heads:
+        ``[B, H, T, d_k]``, ``[B, H_kv, T, d_k]``, ``[B, H_kv, T, d_k]``."""
+        qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, H+2H_kv, T, d_k)
+        return qkv.split([self.n_head, self.kv_heads, self.kv_heads], dim=1)
 
 
 def attend(q, k, v, plan: Plan, bias: AdditiveMask | None = None, dropout: float = 0.0):
     """``Y = softmax(S + M) V`` ``[B, H, Lq, d_v]`` by the plan's kernel, for q ``[B, H, Lq,
-    d_k]`` and k, v ``[B, H_kv, Lk, d]``, ``H_kv`` dividing ``H`` (grouped-query attention: each
-    key/value head read by its group of query heads). ``bias`` is a layer's ``M + B`` in the form
-    the plan made it (a float tensor, or a score function for FlexAttention); dropout acts on
-    ``A``."""
-    mask = plan.mask if bias is None else bias
-    grouped = k.shape[1] != q.shape[1]
+    d_k]`` and k, v ``[B, H_kv, Lk, d]`` (each key/value head read by its group of query heads).
+    ``bias`` is a layer's ``M + B`` in the form the plan made it (a float tensor, or a score
+    function for FlexAttention); dropout acts on ``A``."""
+    mask, gqa = plan.mask if bias is None else bias, k.shape[1] != q.shape[1]  # grouped
     if plan.kernel == "flex":
-        y = flex(q, k, v, score_mod=bias, block_mask=plan.mask, enable_gqa=grouped)
+        y = flex(q, k, v, score_mod=bias, block_mask=plan.mask, enable_gqa=gqa)
     elif plan.kernel in ("math", "stick_breaking"):  # the notes' formula, written out
         k, v = per_query_head(k, q.shape[1]), per_query_head(v, q.shape[1])
         y, weights = (attention if plan.kernel == "math" else stick_breaking)(q, k, v, mask)
@@ -116,9 +111,6 @@ def attend(q, k, v, plan: Plan, bias: AdditiveMask | None = None, dropout: float
                 weights = weights.masked_fill(plan.no_keys, 0.0)
             plan.weights.append((s, weights))
     else:
-        gqa = {"enable_gqa": True} if grouped else {}  # (the one-head-each call as it was)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=plan.is_causal, **gqa
-        )
+        y = F.scaled_dot_product_attention(q, k, v, mask, dropout, plan.is_causal, enable_gqa=gqa)
     # A query with no key to read (left padding) read every key instead; its output is zero.
     return y if plan.no_keys is None else y.masked_fill(plan.no_keys, 0.0)

@@ -38,13 +38,16 @@ class MLP(nn.Module):
         super().__init__()
         self.up = nn.Linear(config.d_model, config.ff_dim, bias=config.bias)
         self.down = nn.Linear(config.ff_dim, config.d_model, bias=config.bias)
-        self.squared_relu = config.mlp == "relu2"
+        # Exact (erf) GELU: GPT-2's tanh approximation is slower on CPUs (scripts/bench.py).
+        self.activation = squared_relu if config.mlp == "relu2" else F.gelu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.squared_relu:
-            return self.down(F.relu(self.up(x)).square())
-        # Exact (erf) GELU: GPT-2's tanh approximation is slower on CPUs (scripts/bench.py).
-        return self.down(F.gelu(self.up(x)))
+        return self.down(self.activation(self.up(x)))
+
+
+def squared_relu(x: torch.Tensor) -> torch.Tensor:
+    """``ReLU(x)^2``."""
+    return F.relu(x).square()
 
 
 class SwiGLU(nn.Module):
