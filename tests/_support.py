@@ -238,3 +238,20 @@ def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, *
     if positions is not None:
         plan = dataclasses.replace(plan, positions=positions, key_positions=positions)
     return layer(x, layer.position.prepare(plan))
+
+
+@contextlib.contextmanager
+def fused_calls() -> Iterator[list[int]]:
+    """While open, counts the calls of PyTorch's fused attention
+    (``torch.nn.functional.scaled_dot_product_attention``): how a test tells which kernel ran,
+    the fused one (a call per layer) or the notes' formula written out (none). Yields a list
+    whose length is the count so far."""
+    calls: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    with mock.patch.object(F, "scaled_dot_product_attention", counted):
+        yield calls
