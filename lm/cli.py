@@ -622,30 +622,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_choices(args: argparse.Namespace) -> int:
-    import json
-
     from lm.runtime import choices
 
     path = choices.cache_file()
     if args.clear:
         print(f"lm: forgot {choices.clear()} measured choice(s) in {path}", file=sys.stderr)
         return 0
-    entries = choices.read()
-    print(f"lm: {len(entries)} measured choice(s) in {path}", file=sys.stderr)
-    for key, kept in entries.items():
-        what = json.loads(key)
-        model = what.get("model", {})
-        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
-        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
-        value = "each sweep from" if what.get("kind") == "compare.jobs" else kept.get("value")
-        print(
-            f"{what.get('kind')}: {value} ({timings}; measured {kept.get('measured')}) "
-            f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
-            f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
-            + (f"width={what['width']} " if "width" in what else "")
-            + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
-            + f" on {what.get('cpu')}, torch {what.get('torch')}"
-        )
+    entries, ignored = choices.load()
+    ignored = f" ({ignored}: ignored)" if ignored else ""
+    print(f"lm: {len(entries)} measured choice(s) in {path}{ignored}", file=sys.stderr)
+    for row in choices.rows(entries):
+        print(row)
     return 0
 
 
