@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 from lm import __version__
 from lm.config.errors import LMError
+from lm.config.names import SPLITS
+from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.runtime.launch import launched_rank, met_alike
 
 LINGER_S = 5.0
@@ -91,22 +93,16 @@ DEVICE_HELP = "auto (default: cuda, then mps, then cpu) | cpu | cuda | cuda:N | 
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+        return whole_number(text, 1)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _non_negative_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
+        return finite_at_least_zero(text)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _jobs(text: str) -> int | str:
@@ -193,9 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generated task (builtin:copy, ...), also exact-match accuracy at each task length",
     )
     e.add_argument("run_dir")
-    e.add_argument(
-        "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
-    )
+    e.add_argument("--split", choices=SPLITS, default="val", help="the split to read (default val)")
     e.add_argument(
         "--context-lengths",
         type=_lengths,
@@ -402,19 +396,6 @@ def _cmd_job_slot(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def checked_text(text: str, where: str) -> str:
-    """``text`` if it is Unicode text; bytes that are not UTF-8 reach Python as lone surrogates
-    (argv and standard input decode with ``surrogateescape``), which no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raw = text[e.start].encode("utf-8", "surrogateescape")
-        raise LMError(
-            f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
-        ) from None
-    return text
 
 
 def _read_prompts(raw: list[str]) -> list[str]:

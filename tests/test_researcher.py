@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from _support import expect_error, tiny_config
+import torch
+from _support import assert_one_line, expect_error, tiny_config
 
+import lm
 import lm.training.tune as tune
 from lm.cli import main
 from lm.data.sources import cache_root
@@ -165,3 +167,96 @@ def test_the_cache_follows_xdg_cache_home_and_lm_cache_comes_first(tmp_path, mon
     assert choices.cache_file() == tmp_path / "mine" / "choices.json"
     monkeypatch.delenv("LM_CACHE")
     assert cache_root(tiny_config().data) == tmp_path / "xdg" / "lm"  # tokenized data too
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """One tiny trained run, for the Python API's refusals."""
+    root = tmp_path_factory.mktemp("api")
+    config = tiny_config(
+        train={"max_steps": 4, "eval_every": 0, "checkpoint_every": 4},
+        data={"cache_dir": str(root / "cache")},
+    )
+    lm.train(config, root / "run", quiet=True)
+    return root / "run"
+
+
+def test_loss_at_reads_the_split_it_is_given_and_refuses_others(run_dir):
+    run = lm.load(run_dir, device="cpu")
+    val, train_split = (lm.loss_at(run, ["1x"], split=s, max_batches=2) for s in ("val", "train"))
+    assert val != train_split  # each its own split
+    for split in ("test", "validation", "Train"):
+        with pytest.raises(lm.config.LMError) as refused:
+            lm.loss_at(run, ["1x"], split=split)
+        assert_one_line(refused, f"split: {split!r} is not one of val, train")
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda run: lm.generate(run, "The", max_new_tokens=-1), ["max_new_tokens", "at least 1"]),
+        (lambda run: lm.generate(run, "The", max_new_tokens=2.5), ["max_new_tokens", "integer"]),
+        (lambda run: lm.generate(run, "The", top_k=0), ["top_k: 0 must be at least 1"]),
+        (lambda run: lm.generate(run, "The", temperature=float("nan")), ["temperature", "finite"]),
+        (lambda run: lm.generate(run, "The", temperature=-1), ["temperature: -1 must be"]),
+        (lambda run: lm.generate(run, []), ["prompts: none given"]),
+        (lambda run: lm.generate(run, [b"The"]), ["prompts: b'The' is not text"]),
+        (lambda run: lm.generate(run, "\udcff"), ["prompts: not valid UTF-8"]),
+        (lambda run: lm.generate(42, "The"), ["run: int is not a run"]),
+        (lambda run: lm.loss_at(run, "2x,0"), ["lengths: '0': a length in tokens must be at"]),
+        (lambda run: lm.loss_at(run, [100.5]), ["lengths: 100.5 is not a length"]),
+        (lambda run: lm.loss_at(run, [0]), ["lengths: '0': a length in tokens must be at least 2"]),
+        (lambda run: lm.loss_at(run, []), ["lengths: '': no lengths given"]),
+        (lambda run: lm.loss_at(run, max_batches=0), ["max_batches: 0 must be at least 1"]),
+        (lambda run: lm.loss_at(run, batch_size=-2), ["batch_size: -2 must be at least 1"]),
+        (lambda run: lm.rope(torch.ones(4, 2, dtype=torch.long), torch.arange(4)), ["rope: x"]),
+    ],
+)
+def test_the_api_refuses_what_the_command_line_refuses_in_its_words(run_dir, call, words):
+    run = lm.load(run_dir, device="cpu")
+    with pytest.raises(lm.config.LMError) as refused:
+        call(run)
+    assert_one_line(refused, *words)
+
+
+def test_the_api_and_the_command_line_share_their_messages(run_dir, capsys):
+    run = lm.load(run_dir, device="cpu")
+    for flag, value, arg in (
+        ("--max-new-tokens", "-1", "max_new_tokens"),
+        ("--top-k", "0", "top_k"),
+    ):
+        err = expect_error(capsys, ["sample", str(run_dir), "--prompt", "a", flag, value], flag)
+        with pytest.raises(lm.config.LMError) as api:
+            lm.generate(run, "a", **{arg: int(value)})
+        assert err.split(f"{flag}: ")[1].split(" (see")[0].replace(f"'{value}'", value) == str(
+            api.value
+        ).removeprefix(f"{arg}: ")
+    err = expect_error(capsys, ["eval", str(run_dir), "--context-lengths", "0"], "at least 2")
+    with pytest.raises(lm.config.LMError) as api:
+        lm.loss_at(run, [0])
+    assert str(api.value).removeprefix("lengths: ") in err
+
+
+def test_the_api_takes_a_run_directory_where_a_run_is_expected(run_dir):
+    run = lm.load(run_dir, device="cpu")
+    assert lm.generate(str(run_dir), "The", max_new_tokens=3) == lm.generate(
+        run, "The", max_new_tokens=3
+    )
+    assert lm.loss_at(run_dir, "1x", max_batches=1) == lm.loss_at(run, ["1x"], max_batches=1)
+    assert lm.loss_at(run, 16, max_batches=1).keys() == {16}  # one length, in tokens
+
+
+def test_train_refuses_resume_with_overwrite_and_keeps_the_run(run_dir, tmp_path):
+    before = (run_dir / "run.json").read_text()
+    config = run_dir / "config.yaml"
+    with pytest.raises(lm.config.LMError) as refused:
+        lm.train(config, run_dir, resume=True, overwrite=True)
+    assert_one_line(refused, "resume and overwrite: give one")
+    assert (run_dir / "run.json").read_text() == before
+
+
+def test_attention_mask_has_the_documented_shape_with_or_without_causal():
+    key_mask = torch.tensor([[False, True, True], [True, True, True]])
+    for causal in (True, False):
+        assert lm.attention_mask(key_mask, causal=causal).shape == (2, 1, 3, 3)
+    assert lm.attention_mask(key_mask, causal=False)[0, 0].tolist() == [[False, True, True]] * 3
