@@ -83,3 +83,7 @@ def task_tokens(task: str, length: int) -> int:
     if task == "flipflop":
         return 2 * length + 1  # length instructions of two characters, then <eod>
     return (length + 1) + length + 1
+
+
+SPLITS = ("val", "train")
+"""The splits ``lm eval --split`` and ``lm.loss_at(split=...)`` read."""

@@ -47,6 +47,7 @@ from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
 from lm.config.sections import DataConfig
 from lm.data.tasks import training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
+from lm.runtime.choices import cache_dir
 
 if TYPE_CHECKING:
     # Imported where documents are read or tokenized: a run whose token ids are cached never
@@ -197,7 +198,7 @@ def _silent(message: str) -> None:
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser()
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_dir()
 
 
 def _hash(obj: Any) -> str:
