@@ -18,7 +18,14 @@ from lm.cli import main
 from lm.config.errors import ConfigError
 from lm.config.load import load_config
 from lm.config.names import task_tokens
-from lm.data.tasks import TaskSettings, evaluation_examples, splits, training_examples
+from lm.data.sources import prepare_data
+from lm.data.tasks import (
+    TaskSettings,
+    alphabet,
+    evaluation_examples,
+    splits,
+    training_examples,
+)
 from lm.model.transformer import TransformerLM
 from lm.sample import generate
 
@@ -40,6 +47,7 @@ def test_each_task_is_drawn_from_the_seed_alone_and_fits_its_token_count(task):
     )
     for prompt, answer in drawn:
         assert prompt.endswith("=") and answer
+        assert set(prompt + answer) <= set(alphabet(task, settings))
     # The longest example of each length fits the count the config checks the context with.
     for length in (2, 7, 12):
         sizes = [len(p + a) + 1 for p, a in evaluation_examples(task, length, 300, 1, settings)]
@@ -78,6 +86,20 @@ def test_counting_answers_the_value_its_program_leaves_and_more_pass_spreads_inc
     assert name == "more pass" and pass_share(more) > pass_share(trained) + 0.05
     answers = [int(a) for _, a in evaluation_examples("counting", 40, 300, 2)]
     assert len(set(answers)) >= 4  # counts, not one constant answer
+
+
+def test_a_task_tokenizer_reads_every_character_of_the_task_even_those_training_never_wrote(
+    tmp_path,
+):
+    # Programs of 1 or 2 statements count to 1 at most: no training answer is an 8.
+    data = {"source": "builtin:counting", "mode": "padded", "task_lengths": "1-2"}
+    data |= {"counting_variables": 1}
+    data |= {"task_eval_lengths": "2", "task_examples": 50, "cache_dir": str(tmp_path)}
+    prepared = prepare_data(tiny_config(data=data).data, log=None)
+    tokenizer = prepared.tokenizer
+    texts = tokenizer.decode(prepared.train.tokens.tolist())
+    assert "8" not in texts and "z" not in texts  # one variable, x
+    assert tokenizer.unk_id not in tokenizer.encode("x=0;y++;z++;print z=8")
 
 
 def test_selective_copy_answers_the_symbols_in_order_and_its_splits_change_the_density():

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -45,7 +46,7 @@ import numpy as np
 from lm.config.errors import DataError
 from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
 from lm.config.sections import TASK_OWN_KEYS, DataConfig
-from lm.data.tasks import TaskSettings, training_examples
+from lm.data.tasks import TaskSettings, alphabet, training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
 
 if TYPE_CHECKING:
@@ -564,6 +565,9 @@ def _tokenizer(
     docs = training_docs()
     log(f"tokenizer: training {cfg.tokenizer} on the training split")
     texts = (text for batch in docs.iter(batch_size=1000) for text in batch["text"])
+    task = task_of(cfg.source)
+    if task is not None:  # every character the task can write, seen in training or not
+        texts = itertools.chain(texts, [alphabet(task, TaskSettings.of(cfg))])
     tokenizer = train_tokenizer(cfg.tokenizer, texts, vocab_size)
     log(f"tokenizer: {cfg.tokenizer}, {tokenizer.vocab_size} tokens")
     path.parent.mkdir(parents=True, exist_ok=True)

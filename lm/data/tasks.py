@@ -143,6 +143,24 @@ def split_notes(task: str, settings: TaskSettings) -> str:
     return ""
 
 
+def alphabet(task: str, settings: TaskSettings) -> str:
+    """Every character an example of ``task`` may hold. A character tokenizer learns them all,
+    so that a longer evaluation example can hold what no training one did (a count of 8 after
+    training programs that never counted past 6) and still be read and answered."""
+    letters = {
+        "copy": SYMBOLS,
+        "reverse": SYMBOLS,
+        "flipflop": "wir01",
+        "addition": DIGITS + "+" + (LETTERS[:HINTS] if settings.hints else ""),
+        "counting": COUNTING_VARIABLES + DIGITS + ";+pas rint",
+        "selective_copy": SYMBOLS + BLANK,
+        "mqar": LETTERS + DIGITS + BLANK,
+        "indexing": LETTERS + DIGITS + "|+-",
+        "parity": "01",
+    }[task]
+    return "".join(sorted(set(letters + SEPARATOR)))
+
+
 def example(
     task: str, length: int, rng: np.random.Generator, settings: TaskSettings | None = None
 ) -> tuple[str, str]:
