@@ -157,9 +157,10 @@ LAYERS = {
     "evaluate": 5,
     "training": 6,
     "compare": 7,
-    "api": 8,
-    "cli": 9,
-    "__main__": 10,
+    "explorer": 8,
+    "api": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 
