@@ -286,9 +286,7 @@ class Pauses:
         import os
 
         env = dict(os.environ if base is None else base)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(HOOKS), env.get("PYTHONPATH", "")) if p
-        )
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), env.get("PYTHONPATH", "")) if p)
         env["LM_TEST_PAUSE"] = json.dumps(self.rules)
         return env
 
