@@ -35,6 +35,14 @@ through the attention kernel (``lm.model.plan`` picks the kernel for it)."""
 ROTARY = ("rope", "xpos")
 """The schemes that rotate queries and keys by RoPE's angles, and read RoPE's keys."""
 
+XPOS_REACH = 64
+"""xPos's positions stay below ``XPOS_REACH * model.xpos_scale_base``: there its largest key
+scale is ``3.5^64``, about 7e34, a margin under fp32's 3.4e38 for the keys it multiplies."""
+
+NO_POSITIONS = ("none", "fox", "cope")
+"""The schemes that read no token positions: nothing, or gates over the sequence's order (FoX's
+forgetting, CoPE's counting), so that ``model.random_positions`` has nothing to change."""
+
 NO_FLEX = ("cope",)
 """The schemes whose bias FlexAttention's score function cannot compute: CoPE's positions sum
 gates over keys, where a score function sees one query-key pair at a time."""

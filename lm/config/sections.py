@@ -21,6 +21,7 @@ from lm.config.names import (
     KERNELS,
     LETTER_TASKS,
     NO_FLEX,
+    NO_POSITIONS,
     NORMALIZATIONS,
     ON_NONFINITE,
     OPTIMIZERS,
@@ -179,8 +180,7 @@ class ModelConfig:
             )
         if self.position != "sinusoidal" and not self.scale_embeddings:
             raise ConfigError(
-                f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
-                f"{self.position})"
+                f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
             )
         for name in ("sinusoidal", "sandwich"):  # sin and cos pairs of width d_model
             if name in self.layer_positions and self.d_model % 2:
@@ -264,8 +264,9 @@ class ModelConfig:
                 f"{self.context_length}; training draws a sequence's positions from [0, M), so "
                 "M must be at least the longest sequence"
             )
-        if set(self.layer_positions) == {"none"}:
-            raise ConfigError("model.random_positions: position: none reads no positions")
+        if set(self.layer_positions) <= set(NO_POSITIONS):
+            text = self.position_text  # none, fox or cope: no position is read
+            raise ConfigError(f"model.random_positions: position: {text} reads no positions")
 
     def _check_random_positions_eval(self) -> None:
         if self.random_positions_eval and self.random_positions is None:
@@ -315,9 +316,8 @@ class ModelConfig:
             )
 
     def _check_scheme_keys(self) -> None:
-        """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
-        a model that uses their scheme, so that one config can hold them for a sweep over
-        ``model.position``."""
+        """Each scheme's keys within its range; read only by a model that uses their scheme (as
+        ``rope_base``), so that one config can hold them for a sweep over ``model.position``."""
         _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
