@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 from lm import __version__
 from lm.config.errors import LMError
+from lm.config.names import SPLITS
+from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.runtime.launch import launched_rank, met_alike
 
 LINGER_S = 5.0
@@ -91,12 +93,9 @@ DEVICE_HELP = "auto (default: cuda, then mps, then cpu) | cpu | cuda | cuda:N | 
 
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return value
+        return whole_number(text, 1)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _port(text: str) -> int:
@@ -111,12 +110,9 @@ def _port(text: str) -> int:
 
 def _non_negative_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
+        return finite_at_least_zero(text)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _jobs(text: str) -> int | str:
@@ -203,9 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generated task (builtin:copy, ...), also exact-match accuracy at each task length",
     )
     e.add_argument("run_dir")
-    e.add_argument(
-        "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
-    )
+    e.add_argument("--split", choices=SPLITS, default="val", help="the split to read (default val)")
     e.add_argument(
         "--context-lengths",
         type=_lengths,
@@ -437,19 +431,6 @@ def _cmd_job_slot(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_text(text: str, where: str) -> str:
-    """``text`` if it is Unicode text; bytes that are not UTF-8 reach Python as lone surrogates
-    (argv and standard input decode with ``surrogateescape``), which no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raw = text[e.start].encode("utf-8", "surrogateescape")
-        raise LMError(
-            f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
-        ) from None
-    return text
-
-
 def _read_prompts(raw: list[str]) -> list[str]:
     """The ``--prompt`` values; ``-`` reads standard input once, without its final newline (the
     one a shell's echo or an editor adds)."""
@@ -673,30 +654,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_choices(args: argparse.Namespace) -> int:
-    import json
-
     from lm.runtime import choices
 
     path = choices.cache_file()
     if args.clear:
         print(f"lm: forgot {choices.clear()} measured choice(s) in {path}", file=sys.stderr)
         return 0
-    entries = choices.read()
-    print(f"lm: {len(entries)} measured choice(s) in {path}", file=sys.stderr)
-    for key, kept in entries.items():
-        what = json.loads(key)
-        model = what.get("model", {})
-        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
-        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
-        value = "each sweep from" if what.get("kind") == "compare.jobs" else kept.get("value")
-        print(
-            f"{what.get('kind')}: {value} ({timings}; measured {kept.get('measured')}) "
-            f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
-            f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
-            + (f"width={what['width']} " if "width" in what else "")
-            + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
-            + f" on {what.get('cpu')}, torch {what.get('torch')}"
-        )
+    entries, ignored = choices.load()
+    ignored = f" ({ignored}: ignored)" if ignored else ""
+    print(f"lm: {len(entries)} measured choice(s) in {path}{ignored}", file=sys.stderr)
+    for row in choices.rows(entries):
+        print(row)
     return 0
 
 

@@ -55,8 +55,24 @@ SPLIT_BY = ("file", "line", "paragraph")
 VAL_SPLITS = ("tail", "random")
 BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
 
-TASKS = ("copy", "reverse", "addition", "flipflop")
-"""The generated tasks (``lm.data.tasks``)."""
+TASKS = (
+    "copy",
+    "reverse",
+    "addition",
+    "flipflop",
+    "counting",
+    "selective_copy",
+    "mqar",
+    "indexing",
+    "parity",
+)
+"""The generated tasks (``lm.data.tasks``); new ones go last (an index seeds a task's draws)."""
+
+HINTS = 26
+"""Index hints of ``builtin:addition`` (the letters a-z): a number has at most this many digits."""
+
+LETTER_TASKS = {"mqar": "key-value pairs (one distinct letter a key)", "indexing": "letters"}
+"""Tasks whose length counts distinct letters, so at most 26 of them."""
 
 BUILTINS = ("python-docs", *TASKS)
 """``data.source: builtin:NAME``: CPython's help topics, or a generated task."""
@@ -74,12 +90,27 @@ def task_of(source: str) -> str | None:
     return name if source.strip().startswith("builtin:") and name in TASKS else None
 
 
-def task_tokens(task: str, length: int) -> int:
+def task_tokens(task: str, length: int, hints: bool = False) -> int:
     """Characters of the longest example of ``task`` at ``length`` with its end of document:
     prompt, answer and ``<eod>`` (``lm.data.tasks`` writes them; for addition the answer may
-    carry one more digit). The config checks with it that examples fit the context."""
+    carry one more digit, each digit after its index hint with ``hints``). The config checks
+    with it that examples fit the context."""
     if task == "addition":
-        return (2 * length + 2) + (length + 1) + 1  # a+b= then the sum then <eod>
+        width = 2 if hints else 1  # characters per digit
+        return width * (2 * length) + 2 + width * (length + 1) + 1  # a+b= then the sum, <eod>
     if task == "flipflop":
         return 2 * length + 1  # length instructions of two characters, then <eod>
-    return (length + 1) + length + 1
+    if task == "counting":
+        return 5 * length + len("print x=") + len("10") + 1  # statements of at most 5 characters
+    if task == "mqar":
+        # the pairs, then 3 slots a pair: length queries of 3 characters, the rest blank
+        return 2 * length + 3 * length + 2 * length + 1
+    if task == "indexing":
+        return length + len("|a+25=") + 1 + 1  # letters, the query, the answer, <eod>
+    if task == "parity":
+        return length + 1 + 1 + 1
+    return (length + 1) + length + 1  # copy, reverse, selective copy
+
+
+SPLITS = ("val", "train")
+"""The splits ``lm eval --split`` and ``lm.loss_at(split=...)`` read."""

@@ -17,7 +17,9 @@ from lm.config.names import (
     DATA_MODES,
     DEVICES,
     DTYPES,
+    HINTS,
     KERNELS,
+    LETTER_TASKS,
     NO_FLEX,
     NORMALIZATIONS,
     ON_NONFINITE,
@@ -33,6 +35,15 @@ from lm.config.names import (
     task_tokens,
 )
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
+
+TASK_OWN_KEYS = {
+    "flipflop_ignore": "flipflop",
+    "counting_variables": "counting",
+    "selective_copy_density": "selective_copy",
+    "addition_hints": "addition",
+    "addition_reversed": "addition",
+}
+"""Settings of one generated task each: set for another source, they are an error."""
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
@@ -116,6 +127,10 @@ class ModelConfig:
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
     read 0..L-1. null: off."""
+    random_positions_eval: bool = False
+    """With random_positions: draw them at evaluation too, at every forward pass (lm eval, a
+    task's accuracy, validation; decoding then runs without a KV cache), as Ruoss et al.'s code
+    does; false: evaluation and sampling read 0..L-1."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     normalize: str = "softmax"
@@ -175,6 +190,7 @@ class ModelConfig:
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
+        self._check_random_positions_eval()
         self._check_normalize()
         self._check_window()
 
@@ -250,6 +266,13 @@ class ModelConfig:
             )
         if set(self.layer_positions) == {"none"}:
             raise ConfigError("model.random_positions: position: none reads no positions")
+
+    def _check_random_positions_eval(self) -> None:
+        if self.random_positions_eval and self.random_positions is None:
+            raise ConfigError(
+                "model.random_positions_eval: draws model.random_positions at evaluation too; "
+                "set model.random_positions (M) first"
+            )
 
     def _check_position(self) -> None:
         """One scheme, or one per layer (read back as ``layer_positions``)."""
@@ -444,10 +467,20 @@ class DataConfig:
     flipflop_ignore: float = 0.8
     """builtin:flipflop: the probability that an instruction between the first write and the
     last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""
+    counting_variables: int = 3
+    """builtin:counting: variables a program may use, 1 to 3 (x, y, z)."""
+    selective_copy_density: float = 0.25
+    """builtin:selective_copy: the share of positions holding a symbol to copy, in (0, 1];
+    evaluated also at twice it (dense, at most 1) and half (sparse)."""
+    addition_hints: bool = False
+    """builtin:addition: each digit preceded by a letter naming its place (index hints, Zhou et
+    al. 2023/2024); a number then has at most 26 digits."""
+    addition_reversed: bool = False
+    """builtin:addition: numbers and sums written least significant digit first (Zhou et al.)."""
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
-    """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
+    """Where tokenized data is cached; default $LM_CACHE, $XDG_CACHE_HOME/lm or ~/.cache/lm."""
 
     def __post_init__(self) -> None:
         s = "data"
@@ -478,19 +511,16 @@ class DataConfig:
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
         keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
         task = task_of(source)
-        if task != "flipflop" and self.flipflop_ignore != DataConfig.flipflop_ignore:
-            raise ConfigError("data.flipflop_ignore: applies to data.source: builtin:flipflop only")
+        for key, owner in TASK_OWN_KEYS.items():
+            if task != owner and getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
+                raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
         if task is None:
             for key in keys:
                 if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
                     tasks = ", ".join(f"builtin:{t}" for t in TASKS)
                     raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
             return
-        if not 0.0 <= self.flipflop_ignore < 1.0:
-            raise ConfigError(
-                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
-                f"got {self.flipflop_ignore!r}"
-            )
+        self._check_task_settings()
         _positive("data", self, "task_eval_examples")
         if self.task_examples < 2:
             raise ConfigError(
@@ -498,11 +528,49 @@ class DataConfig:
                 "validate on)"
             )
         for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
-            if task == "flipflop" and lengths[0] < 2:
-                raise ConfigError(
-                    f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
-                    f"then a read), got {getattr(self, key)!r}"
-                )
+            self._check_task_lengths(task, key, lengths)
+
+    def _check_task_settings(self) -> None:
+        if not 0.0 <= self.flipflop_ignore < 1.0:
+            raise ConfigError(
+                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
+                f"got {self.flipflop_ignore!r}"
+            )
+        if self.counting_variables not in (1, 2, 3):
+            raise ConfigError(
+                f"data.counting_variables: {shown(self.counting_variables)} is not 1, 2 or 3 "
+                "(the variables x, y, z)"
+            )
+        if not 0.0 < self.selective_copy_density <= 1.0:
+            raise ConfigError(
+                "data.selective_copy_density: must be in (0, 1] (the share of positions to "
+                f"copy), got {self.selective_copy_density!r}"
+            )
+
+    def _check_task_lengths(self, task: str, key: str, lengths: range) -> None:
+        """Lengths a task can be written at: flip-flop's two instructions, indexing's two
+        letters, 26 letters of distinct keys or indexed letters, 26 index hints."""
+        text = getattr(self, key)
+        if task == "flipflop" and lengths[0] < 2:
+            raise ConfigError(
+                f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
+                f"then a read), got {text!r}"
+            )
+        if task == "indexing" and lengths[0] < 2:
+            raise ConfigError(
+                f"data.{key}: indexing needs at least 2 letters (one to find, one to answer), "
+                f"got {text!r}"
+            )
+        if task in LETTER_TASKS and lengths[-1] > 26:
+            raise ConfigError(
+                f"data.{key}: {task} at length {lengths[-1]} needs that many distinct "
+                f"{LETTER_TASKS[task]} and there are 26 letters; at most 26"
+            )
+        if task == "addition" and self.addition_hints and lengths[-1] + 1 > HINTS:
+            raise ConfigError(
+                f"data.{key}: addition at length {lengths[-1]} writes sums of {lengths[-1] + 1} "
+                f"digits and data.addition_hints has {HINTS} hints (a-z); at most {HINTS - 1}"
+            )
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""
@@ -685,7 +753,7 @@ class Config:
         C = self.model.context_length
         keys = ("task_lengths", "task_eval_lengths")
         for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
-            longest = task_tokens(task, lengths[-1])
+            longest = task_tokens(task, lengths[-1], self.data.addition_hints)
             if longest - 1 > C:  # its inputs: every token but the last target
                 raise ConfigError(
                     f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "

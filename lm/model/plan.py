@@ -128,8 +128,9 @@ def build_plan(
     token), ``segments [B, T]`` (each token's document: attention stays inside it and positions
     restart), ``cache`` a :class:`KVCache` whose newest slots these tokens took
     (``cache.extend``, before); ``kernel`` replaces ``config.kernel``; ``causal=False`` lets
-    every query read every key. In training with ``model.random_positions``, positions are
-    drawn at random (:func:`lm.model.masks.random_positions`). Reads the cache, never moves it.
+    every query read every key. In training with ``model.random_positions`` (and with
+    ``model.random_positions_eval`` in every pass without a cache), positions are drawn at
+    random (:func:`lm.model.masks.random_positions`). Reads the cache, never moves it.
     """
     T, device = input_ids.shape[1], input_ids.device
     first = cache.start if cache is not None else 0  # the new tokens' first slot
@@ -146,7 +147,8 @@ def build_plan(
             dense = torch.arange(T, device=device)
         dense_keys = dense
     positions, key_positions = dense, dense_keys  # what a scheme reads; windows read dense ones
-    if cache is None and training and config.random_positions is not None:
+    drawn = training or config.random_positions_eval  # Ruoss et al.'s code draws at every call
+    if cache is None and drawn and config.random_positions is not None:
         limit = config.random_positions
         B = input_ids.shape[0]
         positions = key_positions = random_positions(B, T, limit, key_mask, segments, device)
