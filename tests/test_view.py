@@ -273,7 +273,7 @@ def test_a_comparison_page_draws_the_reports_curves_with_values_on_hover(runs, b
         np.testing.assert_allclose(y, [r["loss"] for r in rows], atol=data["tolerance"])
     svg = opened.page.query_selector(".curve:nth-child(2) svg")
     box = svg.bounding_box()
-    opened.page.mouse.move(box["x"] + box["width"] - 14, box["y"] + box["height"] / 2)
+    svg.hover(position={"x": box["width"] - 14, "y": box["height"] / 2})  # the longest length
     tip = opened.page.text_content("#tip")
     last = [r["loss"] for r in by_label[length_chart[0][2]["label"]]["extrapolation"]][-1]
     assert f"{last:.4f}" in tip
