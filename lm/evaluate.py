@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 
 from lm.config.errors import LMError
 from lm.config.load import load_config
-from lm.config.names import task_of
+from lm.config.names import SPLITS, task_of
 from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
@@ -112,6 +112,23 @@ def parse_context_lengths(text: str) -> list[str]:
     return specs
 
 
+def length_specs(lengths: str | int | Sequence[str | int]) -> list[str]:
+    """Evaluation lengths as the Python API takes them: text as ``--context-lengths`` reads it
+    (``"1x,2x"``), one whole number of tokens, or a list of both; checked by
+    :func:`parse_context_lengths`, as the flag is, with an LMError naming ``lengths``."""
+    items = [lengths] if isinstance(lengths, (str, int)) else list(lengths)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise LMError(
+                f"lengths: {item!r} is not a length: a whole number of tokens (e.g. 256) or a "
+                "multiple of the trained context (e.g. '2x')"
+            )
+    try:
+        return parse_context_lengths(",".join(str(item) for item in items))
+    except ValueError as e:
+        raise LMError(f"lengths: {e}") from None
+
+
 def resolve_length(spec: str | int, trained: int) -> int:
     """A length spec (``"2x"``, ``"1.5x"``, ``"256"`` or an int) in tokens, for a model trained
     at ``trained``."""
@@ -164,6 +181,8 @@ def evaluate_lengths(
     """Loss and perplexity of a loaded run at each length (default: the trained context), with
     what was read: ``windows`` (how many) and ``window`` (the longest, in tokens); a ``note``
     says when no window reaches the length, or why a length has no loss."""
+    if split not in SPLITS:
+        raise LMError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
     cfg = run.config
     trained = cfg.model.context_length
     # The run's own data, from the cache its training made (silently: only the table matters).

@@ -243,7 +243,25 @@ def test_a_tiny_model_learns_to_copy_and_lm_eval_reports_accuracy_by_length(tmp_
     assert f"| 1 | {rows[0]['accuracy']:.1%} | {rows[0]['correct']}/20 | yes |" in printed
 
 
-def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
+def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path, monkeypatch):
+    import statistics
+
+    import lm.compare.measure
+
+    # Four steps teach nothing (every answer wrong), so each run's answers are marked afresh,
+    # differently per scheme, seed and length, for the table's averaging to show: a cell is the
+    # mean over its lengths, then mean ± std over the seeds.
+    asked = lm.compare.measure.task_accuracy
+
+    def marked(run, *args, **kwargs):
+        rows = asked(run, *args, **kwargs)
+        rope, seed = run.config.model.position == "rope", run.config.train.seed
+        for row in rows:
+            row["correct"] = (3 * seed + 2 * row["length"] + 3 * rope) % (row["examples"] + 1)
+            row["accuracy"] = row["correct"] / row["examples"]
+        return rows
+
+    monkeypatch.setattr(lm.compare.measure, "task_accuracy", marked)
     config = write_config(
         tmp_path / "copy.yaml",
         data={**COPY, "task_examples": 200, "task_eval_examples": 5},
@@ -260,7 +278,16 @@ def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
     for scheme in ("rope", "none"):
         row = next(line for line in section.splitlines() if line.startswith(f"| {scheme} | "))
         cells = row.strip().strip("|").split(" | ")
-        assert len(cells) == 5 and all(cell.strip().endswith("%") for cell in cells[1:]), row
+        assert len(cells) == 5, row
+        rope = scheme == "rope"
+        for cell, lengths in zip(cells[1:], ([1, 2, 3], [4], [5], [4, 5]), strict=True):
+            per_seed = [
+                statistics.mean((3 * seed + 2 * n + 3 * rope) % 6 / 5 for n in lengths)
+                for seed in (1, 2)
+            ]
+            mean, std = statistics.mean(per_seed), statistics.stdev(per_seed)
+            expected = f"{mean:.1%}" if std == 0 else f"{mean:.1%} ± {std:.1%}"
+            assert cell.strip() == expected, (scheme, lengths, row)
     assert (out / "accuracy_vs_length.png").is_file()
     # What task runs measure is drawn; a loss against contexts no example reaches is not.
     assert not (out / "loss_vs_context.png").exists()

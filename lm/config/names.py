@@ -110,3 +110,7 @@ def task_tokens(task: str, length: int, hints: bool = False) -> int:
     if task == "parity":
         return length + 1 + 1 + 1
     return (length + 1) + length + 1  # copy, reverse, selective copy
+
+
+SPLITS = ("val", "train")
+"""The splits ``lm eval --split`` and ``lm.loss_at(split=...)`` read."""

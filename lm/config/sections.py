@@ -467,7 +467,7 @@ class DataConfig:
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
-    """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
+    """Where tokenized data is cached; default $LM_CACHE, $XDG_CACHE_HOME/lm or ~/.cache/lm."""
 
     def __post_init__(self) -> None:
         s = "data"

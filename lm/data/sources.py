@@ -49,6 +49,7 @@ from lm.config.sections import DataConfig
 from lm.config.tasks import TASK_OWN_KEYS
 from lm.data.tasks import TaskSettings, alphabet, training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
+from lm.runtime.choices import cache_dir
 
 if TYPE_CHECKING:
     # Imported where documents are read or tokenized: a run whose token ids are cached never
@@ -200,7 +201,7 @@ def _silent(message: str) -> None:
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser()
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_dir()
 
 
 def _hash(obj: Any) -> str:
