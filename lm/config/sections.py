@@ -17,9 +17,7 @@ from lm.config.names import (
     DATA_MODES,
     DEVICES,
     DTYPES,
-    HINTS,
     KERNELS,
-    LETTER_TASKS,
     NO_FLEX,
     NO_POSITIONS,
     NORMALIZATIONS,
@@ -30,21 +28,10 @@ from lm.config.names import (
     SCHEDULES,
     SCHEME_PLACES,
     SPLIT_BY,
-    TASKS,
     VAL_SPLITS,
-    task_of,
-    task_tokens,
 )
+from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
-
-TASK_OWN_KEYS = {
-    "flipflop_ignore": "flipflop",
-    "counting_variables": "counting",
-    "selective_copy_density": "selective_copy",
-    "addition_hints": "addition",
-    "addition_reversed": "addition",
-}
-"""Settings of one generated task each: set for another source, they are an error."""
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
@@ -504,73 +491,13 @@ class DataConfig:
         self._check_task()
 
     def _check_task(self) -> None:
-        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        """A builtin: that exists; a task's own keys set only for a task, each within range
+        (:mod:`lm.config.tasks`)."""
         source = self.source.strip()
         if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
             known = ", ".join(f"builtin:{b}" for b in BUILTINS)
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
-        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
-        task = task_of(source)
-        for key, owner in TASK_OWN_KEYS.items():
-            if task != owner and getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
-        if task is None:
-            for key in keys:
-                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
-                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
-            return
-        self._check_task_settings()
-        _positive("data", self, "task_eval_examples")
-        if self.task_examples < 2:
-            raise ConfigError(
-                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
-                "validate on)"
-            )
-        for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
-            self._check_task_lengths(task, key, lengths)
-
-    def _check_task_settings(self) -> None:
-        if not 0.0 <= self.flipflop_ignore < 1.0:
-            raise ConfigError(
-                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
-                f"got {self.flipflop_ignore!r}"
-            )
-        if self.counting_variables not in (1, 2, 3):
-            raise ConfigError(
-                f"data.counting_variables: {shown(self.counting_variables)} is not 1, 2 or 3 "
-                "(the variables x, y, z)"
-            )
-        if not 0.0 < self.selective_copy_density <= 1.0:
-            raise ConfigError(
-                "data.selective_copy_density: must be in (0, 1] (the share of positions to "
-                f"copy), got {self.selective_copy_density!r}"
-            )
-
-    def _check_task_lengths(self, task: str, key: str, lengths: range) -> None:
-        """Lengths a task can be written at: flip-flop's two instructions, indexing's two
-        letters, 26 letters of distinct keys or indexed letters, 26 index hints."""
-        text = getattr(self, key)
-        if task == "flipflop" and lengths[0] < 2:
-            raise ConfigError(
-                f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
-                f"then a read), got {text!r}"
-            )
-        if task == "indexing" and lengths[0] < 2:
-            raise ConfigError(
-                f"data.{key}: indexing needs at least 2 letters (one to find, one to answer), "
-                f"got {text!r}"
-            )
-        if task in LETTER_TASKS and lengths[-1] > 26:
-            raise ConfigError(
-                f"data.{key}: {task} at length {lengths[-1]} needs that many distinct "
-                f"{LETTER_TASKS[task]} and there are 26 letters; at most 26"
-            )
-        if task == "addition" and self.addition_hints and lengths[-1] + 1 > HINTS:
-            raise ConfigError(
-                f"data.{key}: addition at length {lengths[-1]} writes sums of {lengths[-1] + 1} "
-                f"digits and data.addition_hints has {HINTS} hints (a-z); at most {HINTS - 1}"
-            )
+        check_task(self, DataConfig.__dataclass_fields__)
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""
@@ -747,19 +674,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        task = task_of(self.data.source)
-        if task is None:
-            return
-        C = self.model.context_length
-        keys = ("task_lengths", "task_eval_lengths")
-        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
-            longest = task_tokens(task, lengths[-1], self.data.addition_hints)
-            if longest - 1 > C:  # its inputs: every token but the last target
-                raise ConfigError(
-                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
-                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
-                    "context or shorten the lengths"
-                )
+        check_task_fits(self.data, self.model.context_length)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

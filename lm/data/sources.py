@@ -45,7 +45,8 @@ import numpy as np
 
 from lm.config.errors import DataError
 from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
-from lm.config.sections import TASK_OWN_KEYS, DataConfig
+from lm.config.sections import DataConfig
+from lm.config.tasks import TASK_OWN_KEYS
 from lm.data.tasks import TaskSettings, alphabet, training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
 from lm.runtime.choices import cache_dir

@@ -12,7 +12,7 @@ from typing import Any
 from lm.compare.diagnostics import token_text
 from lm.config.errors import LMError
 from lm.config.names import task_of
-from lm.data.tasks import evaluation_examples, splits
+from lm.data.tasks import TaskSettings, evaluation_examples, splits
 from lm.explorer import maps as measure
 from lm.explorer.signal import signal_charts
 from lm.runs.directory import CONFIG
@@ -102,9 +102,9 @@ def task_examples(run: LoadedRun) -> list[dict[str, Any]] | None:
         return None
     tok = run.tokenizer
     rows = []
-    for index, (split, ignore) in enumerate(splits(task, data.flipflop_ignore)):
+    for index, (split, settings) in enumerate(splits(task, TaskSettings.of(data))):
         for length in data.task_ranges()[1]:
-            pairs = evaluation_examples(task, length, EXAMPLES, data.seed, ignore, index)
+            pairs = evaluation_examples(task, length, EXAMPLES, data.seed, settings, index)
             answers = [tok.encode(a) for _, a in pairs]
             got = generate(
                 run.model,
