@@ -26,15 +26,19 @@ from lm.config.names import (
     POSITIONS,
     ROTARY,
     SCHEDULES,
-    SCHEME_PLACES,
+    SCHEMES,
     SPLIT_BY,
     VAL_SPLITS,
+    Place,
 )
 from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
+
+
+WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # SchemeRow.even's
 
 
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -78,10 +82,10 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str | list[str] = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
-    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
-    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
-    embeddings, below every layer at once: never per layer."""
+    """Position scheme, one of "Position schemes" below (their rows in lm/config/names.py); or
+    one per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). Schemes that add to the embeddings
+    (sinusoidal, learned) act below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
     which trains far worse (docs/compare.md)."""
@@ -147,6 +151,9 @@ class ModelConfig:
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
         self._check_position()
+        # Each layer's scheme, n_layer names (a list ending in ... repeated): set once, read by
+        # every forward pass.
+        object.__setattr__(self, "layer_positions", _per_layer(self.position, self.n_layer))
         _choice(s, "kernel", self.kernel, KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -159,27 +166,30 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        rotary = sorted(set(ROTARY) & set(self.layer_positions))
-        if rotary and self.head_dim % 2:
-            raise ConfigError(
-                f"model.position: {rotary[0]} rotates feature pairs, so the head width "
-                f"d_model/n_head={self.head_dim} must be even"
-            )
         if self.position != "sinusoidal" and not self.scale_embeddings:
             raise ConfigError(
                 f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
             )
-        for name in ("sinusoidal", "sandwich"):  # sin and cos pairs of width d_model
-            if name in self.layer_positions and self.d_model % 2:
-                raise ConfigError(
-                    f"model.position: {name} needs an even d_model, got {self.d_model}"
-                )
+        self._check_widths()
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
         self._check_random_positions_eval()
         self._check_normalize()
         self._check_window()
+        # Each layer's window, n_layer of them (None: every key).
+        object.__setattr__(self, "layer_windows", _per_layer(self.window, self.n_layer))
+
+    def _check_widths(self) -> None:
+        """The widths each scheme splits into pairs (its row's ``even``) are even."""
+        for name in dict.fromkeys(self.layer_positions):
+            for width in SCHEMES[name].even:
+                if getattr(self, width) % 2:
+                    label, value = WIDTHS[width], getattr(self, width)
+                    raise ConfigError(
+                        f"model.position: {name} needs an even {label} (it pairs features): "
+                        f"{label}={value} must be even"
+                    )
 
     def _check_normalize(self) -> None:
         """A normalization that runs with this model's kernel and schemes."""
@@ -286,7 +296,7 @@ class ModelConfig:
             if name == "...":
                 raise ConfigError(f"model.position: {text}: ... may only end the list")
             _choice("model", "position", name, POSITIONS)
-            if SCHEME_PLACES[name] == "embeddings":
+            if SCHEMES[name].place is Place.EMBEDDINGS:
                 raise ConfigError(
                     f"model.position: {text}: {name} adds to the embeddings, below every layer "
                     f"at once, and cannot be chosen per layer (write position: {name})"
@@ -355,11 +365,6 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     @property
-    def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window, ``n_layer`` of them (None: every key)."""
-        return _per_layer(self.window, self.n_layer)
-
-    @property
     def cope_positions(self) -> int:
         """How many position embeddings CoPE has."""
         return self.cope_max or self.context_length + 1
@@ -368,11 +373,6 @@ class ModelConfig:
     def rope_kept_pairs(self) -> int:
         """How many of each head's fastest pairs p-RoPE rotates (all, by default)."""
         return round(self.rope_p * self.head_dim / 2)
-
-    @property
-    def layer_positions(self) -> tuple[str, ...]:
-        """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
-        return _per_layer(self.position, self.n_layer)
 
     @property
     def position_range(self) -> int:
