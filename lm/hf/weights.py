@@ -361,7 +361,7 @@ def export_target(cfg: ModelConfig) -> str:
             f"model.normalize: {cfg.normalize} cannot be exported: the transformers targets "
             "normalize scores with the softmax"
         )
-    if cfg.window is not None:
+    if any(w is not None for w in cfg.layer_windows):  # [null, null] reads every key
         raise CannotExpress(
             f"model.window: {value_text(cfg.window)} cannot be exported: the transformers "
             "targets lm writes read every key"
