@@ -85,17 +85,15 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.transpose(1, 2).flatten(2))  # heads concatenated, then W_O
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``Q = X W_Q^T``, ``K = X W_K^T``, ``V = X W_V^T`` from one matmul, split into heads:
-        ``[B, H, T, d_k]``, ``[B, H_kv, T, d_k]``, ``[B, H_kv, T, d_k]``."""
+        """``Q, K, V = X W_Q^T, X W_K^T, X W_V^T`` in one matmul: ``[B, H|H_kv|H_kv, T, d_k]``."""
         qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, H+2H_kv, T, d_k)
         return qkv.split([self.n_head, self.kv_heads, self.kv_heads], dim=1)
 
 
 def attend(q, k, v, plan: Plan, bias: AdditiveMask | None = None, dropout: float = 0.0):
-    """``Y = softmax(S + M) V`` ``[B, H, Lq, d_v]`` by the plan's kernel, for q ``[B, H, Lq,
-    d_k]`` and k, v ``[B, H_kv, Lk, d]`` (each key/value head read by its group of query heads).
-    ``bias`` is a layer's ``M + B`` in the form the plan made it (a float tensor, or a score
-    function for FlexAttention); dropout acts on ``A``."""
+    """``Y = softmax(S + M) V`` ``[B, H, Lq, d_v]`` by the plan's kernel, for q ``[B, H, Lq, d_k]``
+    and k, v ``[B, H_kv, Lk, d]`` (a group of query heads each). ``bias``: a layer's ``M + B`` as
+    the plan made it (a float tensor, or FlexAttention's score function); dropout acts on ``A``."""
     mask, gqa = plan.mask if bias is None else bias, k.shape[1] != q.shape[1]  # grouped
     if plan.kernel == "flex":
         y = flex(q, k, v, score_mod=bias, block_mask=plan.mask, enable_gqa=gqa)
