@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
-from lm.config.errors import LMError
+from lm.config.errors import LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
-from lm.runtime.launch import launched_rank, met_alike
+from lm.runtime.launch import every_rank_meets, launched_rank
 
 LINGER_S = 5.0
 """How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:
@@ -29,7 +29,6 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (it prints usage plus an error by default)."""
 
     def error(self, message: str) -> NoReturn:
-        message = message.replace(f", {JOB_SLOT!r}", "")  # lm compare's own, not a user's
         print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(2)
 
@@ -41,15 +40,6 @@ class _Parser(argparse.ArgumentParser):
         if dashes and value == []:
             self.error(f"argument {'/'.join(action.option_strings)}: expected a value, not '--'")
         return value
-
-
-JOB_SLOT = "job-slot"
-"""The unlisted command a job slot of ``lm compare --jobs N`` runs (:func:`_cmd_job_slot`)."""
-
-
-def one_line(text: str) -> str:
-    """A message as one line whatever it quotes (a file name or flag may hold a newline)."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _int_list(text: str) -> list[int]:
@@ -157,8 +147,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     group.add_argument("--overwrite", action="store_true", help="discard the run and start again")
     t.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    # lm compare's jobs: once trained, measure the run as the sweep's report will.
-    t.add_argument("--measure", metavar="SPEC", help=argparse.SUPPRESS)
     t.add_argument(
         "--init-from",
         metavar="RUN_DIR",
@@ -370,7 +358,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="what auto (train.dtype, model.kernel, --jobs) measured here, and where it is kept",
     )
     h.add_argument("--clear", action="store_true", help="forget every measured choice")
-    sub.add_parser(JOB_SLOT)  # lm compare's own, unlisted: see _cmd_job_slot
     return parser
 
 
@@ -393,42 +380,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
         _say(f"lm: {result.message}", alike=True, code=code)
-    if code == 0 and args.measure is not None:
-        from lm.compare.measure import measure_job
-
-        if args.out is None:
-            raise LMError("--measure: give the run's --out")
-        measure_job(Path(args.out), args.measure)
     return code
-
-
-def _cmd_job_slot(args: argparse.Namespace) -> int:
-    """A job slot of ``lm compare --jobs N`` (``lm.compare.jobs``): it trains the runs it is
-    given one after another in this process, so that it pays its start (imports) once. Each
-    line on standard input is the JSON list of one run's ``lm train`` arguments; the run trains
-    as ``python -m lm train ARGS`` would (``sys.argv`` too, which its run.json records), and the
-    slot answers with its exit status, ``{"code": N}``, one line on standard output; what lm
-    train says goes to standard error. End of input ends the slot; Ctrl-C while it waits, too."""
-    import contextlib
-    import json
-
-    if sys.stdin.isatty():
-        raise LMError("job-slot: lm compare --jobs runs this itself, with runs on standard input")
-    answers, program = sys.stdout, sys.argv[0]
-    try:
-        for line in sys.stdin:
-            argv = ["train", *json.loads(line)]
-            sys.argv = [program, *argv]
-            with contextlib.redirect_stdout(sys.stderr):  # standard output is the answers
-                try:
-                    code = main(argv)
-                except SystemExit as e:  # argparse's refusal of the arguments
-                    code = e.code if isinstance(e.code, int) else 2
-            answers.write(json.dumps({"code": code}) + "\n")
-            answers.flush()
-    except KeyboardInterrupt:
-        return 130
-    return 0
 
 
 def _read_prompts(raw: list[str]) -> list[str]:
@@ -679,7 +631,6 @@ COMMANDS = {
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,
-    JOB_SLOT: _cmd_job_slot,
 }
 
 
@@ -706,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LMError as e:
-        _say(f"lm: error: {one_line(str(e))}", met_alike(e), 2)
+        _say(f"lm: error: {one_line(str(e))}", every_rank_meets(e), 2)
         return 2
     except KeyboardInterrupt as e:
         said = f"; {one_line(str(e))}" if str(e) else ""  # e.g. what a sweep saved

@@ -206,7 +206,7 @@ def test_lm_choices_shows_the_cache_and_forgets_it(capsys):
 
 
 def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeypatch):
-    import lm.compare.side_by_side as sbs
+    import lm.compare.auto_jobs as sbs
 
     cfg = tiny_config(model={"vocab_size": 40})
     device = torch.device("cpu")
@@ -246,7 +246,7 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
 
 
 def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
-    import lm.compare.side_by_side as sbs
+    import lm.compare.auto_jobs as sbs
 
     monkeypatch.setenv("LM_TUNE", "on")
     cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")

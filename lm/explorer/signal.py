@@ -23,14 +23,14 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import ROTARY, SCHEMES, SCORE_BIASES
+from lm.config.names import ROTARY, SCHEMES
+from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
 from lm.model.transformer import TransformerLM
 
-CONTENT = tuple(n for n in SCORE_BIASES if not SCHEMES[n].reads_positions)
-"""Score biases that read the text (gates, not positions): drawn on the prompt, not on the longer
-text."""
+CONTENT = CONTENT_BIASES
+"""Score biases that read the text: drawn on the prompt, not on the longer text."""
 
 
 def _layers(model: TransformerLM, names: tuple[str, ...] | None, place: str) -> list[int]:
