@@ -18,7 +18,7 @@ from lm.config.sections import DataConfig
 from lm.config.values import parse_task_lengths
 from lm.data.batches import TrainBatches, eval_batches, trained_targets
 from lm.data.sources import prepare_data
-from lm.data.tasks import evaluation_examples, training_examples
+from lm.data.tasks import TaskSettings, evaluation_examples, training_examples
 from lm.runs.load import load_run
 
 COPY = {
@@ -68,7 +68,7 @@ def memory_of(program: str) -> int:
 
 
 def test_a_flip_flop_program_writes_first_reads_last_and_its_answer_is_the_last_write():
-    programs = training_examples("flipflop", range(2, 40), 400, seed=3, ignore=0.8)
+    programs = training_examples("flipflop", range(2, 40), 400, 3, TaskSettings(ignore=0.8))
     for prompt, answer in programs:
         program = prompt + answer
         pairs = [program[i : i + 2] for i in range(0, len(program), 2)]
@@ -81,15 +81,17 @@ def test_a_flip_flop_program_writes_first_reads_last_and_its_answer_is_the_last_
         assert len(prompt) + len(answer) + 1 == task_tokens("flipflop", len(pairs))
     # The ignore rate is the paper's FFL(p): instructions between the first and the last.
     for rate in (0.1, 0.8, 0.98):
-        middle = "".join(p[2:-1:2] for p, _ in evaluation_examples("flipflop", 50, 200, 1, rate))
+        drawn = evaluation_examples("flipflop", 50, 200, 1, TaskSettings(ignore=rate))
+        middle = "".join(p[2:-1:2] for p, _ in drawn)
         assert abs(middle.count("i") / len(middle) - rate) < 0.02
         assert abs(middle.count("w") - middle.count("r")) / len(middle) < 0.03
     # Splits draw their own programs; the same split, the same programs.
-    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 0) != evaluation_examples(
-        "flipflop", 9, 5, 1, 0.8, 1
+    rate = TaskSettings(ignore=0.8)
+    assert evaluation_examples("flipflop", 9, 5, 1, rate, 0) != evaluation_examples(
+        "flipflop", 9, 5, 1, rate, 1
     )
-    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 2) == evaluation_examples(
-        "flipflop", 9, 5, 1, 0.8, 2
+    assert evaluation_examples("flipflop", 9, 5, 1, rate, 2) == evaluation_examples(
+        "flipflop", 9, 5, 1, rate, 2
     )
 
 
