@@ -231,6 +231,13 @@ def test_two_process_ddp_matches_one_process(tmp_path, model):
     assert losses(tmp_path / "two", "val_loss")[6] == pytest.approx(
         losses(tmp_path / "one", "val_loss")[6], rel=1e-5
     )
+    # The weights too, up to the order of the gradient's sums (Adam divides each step by the
+    # gradient's own size, so a weight whose gradient is near zero can move by ~1e-5); a rank
+    # that trained on its own half of the batch differs by the weights' 1e-2.
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert one.keys() == two.keys()
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], rtol=1e-4, atol=1e-4, msg=k)
 
 
 def test_refuses_to_overwrite_a_run_changing_nothing(tmp_path):
