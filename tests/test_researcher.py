@@ -394,3 +394,49 @@ def test_a_second_sweep_into_one_out_is_refused_and_no_run_counts_twice(tmp_path
     report = json.loads((out / "report.json").read_text())
     assert len(report["runs"]) == 3
     assert "2 seeds" not in (out / "report.md").read_text()
+
+
+def test_more_jobs_than_runs_says_how_many_run(tmp_path, capsys):
+    from _support import write_config
+
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 2, "eval_every": 0, "checkpoint_every": 2},
+    )
+    argv = ["compare", str(cfg), "--vary", "model.position=rope,none", "--jobs", "5"]
+    assert main([*argv, "--out", str(tmp_path / "s"), "--eval-batches", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "of 2 jobs running" in err and "of 5 jobs" not in err
+
+
+MEASURED = {
+    "final_val_loss": 2.0,
+    "best_val_loss": 1.9,
+    "tokens_per_s": 1000.0,
+    "wall_s": 30.0,
+    "extrapolation": [2.0, 2.5, 3.0],
+}
+
+
+def test_a_report_of_two_tasks_says_why_one_has_no_cell_under_the_others_columns():
+    import dataclasses
+
+    from test_report import result
+
+    from lm.compare.report import render
+
+    task = {"tokenizer": "char", "mode": "padded", "task_lengths": 4, "task_eval_lengths": 4}
+    row = {"length": 4, "accuracy": 0.5, "correct": 5, "examples": 10, "trained": True}
+    splits = [{**row, "split": s} for s in ("dense", "sparse")]
+    runs = [
+        dataclasses.replace(
+            result("rope", seed, run_dir=Path(f"s/{seed}"), **MEASURED),
+            config=tiny_config(data={**task, "source": source}),
+            accuracy=rows,
+        )
+        for seed, source, rows in ((1, "builtin:flipflop", splits), (2, "builtin:copy", [row]))
+    ]
+    markdown, _ = render(runs, "w1", 4)
+    assert "n/a" in markdown
+    assert "The runs are of 2 tasks (builtin:flipflop, builtin:copy)" in markdown
