@@ -5,7 +5,8 @@ Runs: :func:`train` a config into a run directory, :func:`load` a trained run, :
 text from prompts, :func:`loss_at` context lengths. The notes' formulas, as the model computes
 them: :func:`attention` (``Y, A`` of ``softmax(QK^T/sqrt(d_k) + M) V``), :func:`causal_mask`,
 :func:`attention_mask` (the key and causal masks of a padded batch), :func:`sinusoids` and
-:func:`rope` (RoPE's rotation of queries or keys).
+:func:`rope` (RoPE's rotation of queries or keys). :func:`view`: the ``lm view`` page of a run
+and a prompt, shown inline in Jupyter.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from lm.config.load import load_config
 from lm.config.sections import Config
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
+from lm.explorer.gather import run_page
+from lm.explorer.make import page_html, run_name
+from lm.explorer.page import Page, render
 from lm.model.kernels import attention
 from lm.model.masks import allowed_keys, causal_mask
 from lm.model.position.embeddings import sinusoidal_table
@@ -42,6 +46,7 @@ __all__ = [
     "rope",
     "sinusoids",
     "train",
+    "view",
 ]
 
 
@@ -199,3 +204,16 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
         raise LMError(f"rope: x is a {x.dtype} tensor; rotate a floating-point one (x.float())")
     cos, sin = RopeAngles(x.shape[-1], base).cos_sin(positions, x.dtype)
     return rotate_pairs(x, cos, sin)
+
+
+def view(run: LoadedRun | str | Path, prompt: str | None = None, *, device: str = "auto") -> Page:
+    """The ``lm view`` page of a run (a :func:`load`-ed one, or its folder) on ``prompt``, or of
+    a comparison's folder (``prompt`` default: its report's): attention maps of every layer and
+    head, the position signal against distance, the 1x and 4x views. In Jupyter it shows
+    inline; ``.save(path)`` writes it, ``.html`` is its text."""
+    if not isinstance(run, LoadedRun):
+        return Page(page_html(run, prompt, str(resolve_device(device, "device"))))
+    if prompt is None:
+        raise LMError("prompt: a run's page needs the text whose attention to show")
+    name = run_name(run.run_dir) if run.run_dir is not None else "run"
+    return Page(render(run_page(run, prompt, name)))

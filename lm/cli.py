@@ -1,5 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention | positions | export |
-import`` (also ``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | attention | positions | view | export
+| import`` (also ``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -96,6 +96,16 @@ def positive_int(text: str) -> int:
         return whole_number(text, 1)
     except LMError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
+    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -271,9 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs trained at once, in processes of their own (default 1): on CPU the cores are "
         "divided between them (train.threads), on GPUs they go round-robin over the devices; "
-        "auto: one per core where the sweep, predicted from steps and a job's start measured "
-        "here, takes at most 0.9 of one at a time, else 1 (one per GPU); 1, unmeasured, where "
-        "the sweep is too short to pay for the measurement",
+        "auto: one per core where the sweep, predicted from its steps as timed here, takes at "
+        "most 0.9 of one at a time, else 1 (one per GPU; 1 unmeasured if too short to pay)",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
@@ -304,6 +313,29 @@ def build_parser() -> argparse.ArgumentParser:
         "against distance goes to RUN_DIR/bias_by_distance.png, or NAME_bias.png beside --out)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+    v = sub.add_parser(
+        "view",
+        help="one self-contained HTML page of a run's attention and position signal, or of a "
+        "comparison's runs side by side; --serve recomputes it for typed text",
+    )
+    v.add_argument("path", help="a run directory, or a folder lm compare wrote")
+    v.add_argument(
+        "--prompt",
+        help="the text whose attention the page shows (a comparison: default its report's prompt)",
+    )
+    v.add_argument("--out", help="HTML file (default: PATH/view.html)")
+    v.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the run's page on --host:--port instead, recomputed for typed text, until "
+        "Ctrl-C (writes nothing)",
+    )
+    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
+    v.add_argument(
+        "--port", type=_port, default=8000, help="--serve's port (default 8000; 0: any free one)"
+    )
+    v.add_argument("--device", default="auto", help=DEVICE_HELP)
 
     x = sub.add_parser(
         "export",
@@ -574,6 +606,24 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from lm.explorer.make import write_page
+    from lm.explorer.serve import serve
+    from lm.runtime.device import resolve_device
+
+    device = str(resolve_device(args.device, "--device"))
+    prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
+    if not args.serve:
+        print(write_page(args.path, prompt, args.out, device))
+        return 0
+    if args.out is not None:
+        raise LMError("--out: --serve writes nothing; give one or the other")
+    if prompt is None:
+        raise LMError("--prompt: --serve starts from a text; give one")
+    serve(args.path, prompt, args.host, args.port, device)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from lm.hf.export import NAMES, export_run
 
@@ -625,6 +675,7 @@ COMMANDS = {
     "compare": _cmd_compare,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
+    "view": _cmd_view,
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,

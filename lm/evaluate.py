@@ -10,9 +10,10 @@ Lengths are whole numbers of tokens or multiples of the trained context (``2x``)
 the split is read in non-overlapping windows of that length, every token a target once; the
 rows say how many windows that was and when none reaches the length (a split shorter than it).
 
-A run trained on a generated task (``builtin:copy``, ``reverse``, ``addition``) is also asked
-for exact answers at every evaluation length (:func:`task_accuracy`): whether it does the task
-at lengths it never saw, which its loss alone does not say.
+A run trained on a generated task (``builtin:copy``, ``counting``, ``mqar``... see
+:mod:`lm.data.tasks`) is also asked for exact answers at every evaluation length, in each of
+the task's splits (:func:`task_accuracy`): whether it does the task at lengths and settings it
+never saw, which its loss alone does not say.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
-from lm.data.tasks import evaluation_examples, splits
+from lm.data.tasks import TaskSettings, evaluation_examples, splits
 from lm.model.position.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.directory import CONFIG, TOKENIZER
@@ -315,19 +316,20 @@ def task_accuracy(
     """Exact-match accuracy of a task run at each of ``data.task_eval_lengths``: the answers it
     gives greedily (``lm.sample.generate``, KV cache) to ``data.task_eval_examples`` prompts per
     length, each right only if every token and the end of the document are. One row per length
-    (per split and length for flip-flop, ``lm.data.tasks.FLIPFLOP_SPLITS``): ``length``,
-    ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for flip-flop
-    the training split), and for flip-flop ``split``."""
+    (per split and length for a task asked in splits, ``lm.data.tasks.splits``): ``length``,
+    ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for a split
+    task the training split), and for a split task ``split``. With
+    ``model.random_positions_eval`` the positions are drawn afresh at every decoding pass."""
     data = run.config.data
     task = task_of(data.source)
     trained, lengths = data.task_ranges()
     tok = run.tokenizer
     size = batch_size or run.config.train.eval_batch()
     rows = []
-    for index, (split, ignore) in enumerate(splits(task, data.flipflop_ignore)):
+    for index, (split, settings) in enumerate(splits(task, TaskSettings.of(data))):
         for length in lengths:
             count = data.task_eval_examples
-            pairs = evaluation_examples(task, length, count, data.seed, ignore, index)
+            pairs = evaluation_examples(task, length, count, data.seed, settings, index)
             prompts = [tok.encode(p) for p, _ in pairs]
             answers = [tok.encode(a) for _, a in pairs]
             correct = 0
@@ -351,7 +353,7 @@ def task_accuracy(
 
 
 def format_accuracy(rows: list[dict[str, Any]]) -> str:
-    """A task's accuracy rows as a Markdown table; trained lengths marked (and flip-flop's
+    """A task's accuracy rows as a Markdown table; trained lengths marked (and a split task's
     splits named)."""
     split = "split" in rows[0]
     head = "| split " if split else ""

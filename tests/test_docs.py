@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lm.cli import build_parser
-from lm.config.names import SCHEME_PLACES
+from lm.config.names import SCHEMES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -47,10 +47,20 @@ def _shown_commands(path: Path) -> list[str]:
     return commands
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+# The pages with a shell block: each shows lm commands (a page without one shows none).
+SHOWING = [page for page in PAGES if "```bash\n" in _text(page)]
+
+
+def test_the_pages_that_show_commands_are_found():
+    assert {README.name, "commands.md", "compare.md"} <= {page.name for page in SHOWING}
+
+
+@pytest.mark.parametrize("page", SHOWING, ids=lambda p: p.name)
 def test_every_lm_command_shown_is_accepted_by_the_parser(page, capsys):
     parser = build_parser()
-    for argv in _shown_commands(page):
+    shown = _shown_commands(page)
+    assert shown, f"{page.name} has a shell block but no lm command was read from it"
+    for argv in shown:
         try:
             parser.parse_args(argv)
         except SystemExit as e:
@@ -92,13 +102,14 @@ def test_quoted_tables_are_the_committed_reports():
             assert body.startswith("|"), f"{page.name}: an empty quoted table"
 
 
-def test_the_positions_page_has_every_scheme_where_it_acts():
+def test_the_positions_page_has_every_scheme_where_it_acts_and_its_class():
     rows = {}
     for line in _text(ROOT / "docs" / "positions.md").splitlines():
-        match = re.match(r"\| `(\w+)` \| ([a-z ]+) \|", line)
+        code = r"`lm/model/position/(\w+)\.py` `(\w+)`"
+        match = re.match(rf"\| `(\w+)` \| ([a-z ]+) \|.*\| {code} \|", line)
         if match:
-            rows[match.group(1)] = match.group(2)
-    assert rows == SCHEME_PLACES
+            rows[match.group(1)] = (match.group(2), f"{match.group(3)}:{match.group(4)}")
+    assert rows == {name: (row.place.value, row.code) for name, row in SCHEMES.items()}
 
 
 def test_the_notes_table_names_functions_where_they_are_defined():
@@ -147,9 +158,10 @@ LAYERS = {
     "evaluate": 5,
     "training": 6,
     "compare": 7,
-    "api": 8,
-    "cli": 9,
-    "__main__": 10,
+    "explorer": 8,
+    "api": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 

@@ -108,9 +108,9 @@ def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
     alibi, t5 = model.blocks[3].attn.position, model.blocks[2].attn.position
     for i, own in ((2, t5), (3, alibi), (4, t5)):  # one bias of each scheme, side by side
         layer = model.blocks[i].attn.position
-        torch.testing.assert_close(layer.additive_mask(plan), own.additive_mask(plan))
-    assert not torch.equal(alibi.additive_mask(plan), t5.additive_mask(plan))
-    assert model.blocks[0].attn.position.additive_mask(plan) is None and plan.rotation is not None
+        torch.testing.assert_close(layer.score_bias(plan), own.score_bias(plan))
+    assert not torch.equal(alibi.score_bias(plan), t5.score_bias(plan))
+    assert not model.blocks[0].attn.biases and plan.rotation is not None
 
 
 def test_tied_head_gpt2_init_and_parameter_count():
@@ -135,11 +135,21 @@ def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend(
             assert torch.isfinite(tiny(position)(torch.randint(0, 37, (1, 40)))).all()
 
 
-def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
-    model = tiny("sinusoidal", n_layer=1)
+@pytest.mark.parametrize("scale", [True, False])
+def test_sinusoidal_model_adds_the_notes_table_to_embeddings(scale):
     from lm.model.position.embeddings import sinusoidal_table
 
-    torch.testing.assert_close(model.pos_embed.table, sinusoidal_table(16, 16))
+    model = tiny("sinusoidal", n_layer=1, scale_embeddings=scale)
+    ids = torch.randint(0, 37, (2, 12))
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(ids)
+    # What the first block reads is E[w_l] + p_l, the notes' table at positions 0..11 (with
+    # model.scale_embeddings, Vaswani et al.'s sqrt(d) E[w_l] + p_l).
+    embedded = model.embed.weight[ids] * (4.0 if scale else 1.0)  # sqrt(16)
+    expected = embedded + sinusoidal_table(16, 16)[:12]
+    torch.testing.assert_close(seen[0], expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("position", ["alibi", "rope"])
@@ -158,7 +168,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
     calls = {"alibi_bias": 0, "allowed_keys": 0}
     for owner, name, counter in (
-        (ALiBi, "bias_at", "alibi_bias"),
+        (ALiBi, "arguments", "alibi_bias"),
         (lm.model.plan, "allowed_keys", "allowed_keys"),
     ):
         real = getattr(owner, name)

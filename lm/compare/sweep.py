@@ -478,6 +478,26 @@ def report(
     return markdown
 
 
+def _existing_runs(paths: list[str], log: Callable[[str], None]) -> tuple[list[Path], Evaluation]:
+    """The runs a report of existing runs reads, and the evaluation settings a sweep folder's
+    record holds (the defaults otherwise): the record's runs in order, then any others found."""
+    recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
+    evaluation = Evaluation()
+    if recorded is not None:  # the report this folder holds: its runs in order, its settings
+        order, evaluation = recorded
+        holds = any(Path(paths[0]).rglob(CONFIG))  # a joint report's runs live elsewhere
+        found = find_runs(paths) if holds else []
+        listed = [r for r in order if (r / CONFIG).is_file()]  # an interrupted sweep: not all
+        runs = listed + [r for r in found if r not in listed]
+        if not runs:
+            raise LMError(f"{paths[0]}: its {RECORD} lists no run that exists, and it holds none")
+        if len(listed) < len(order):
+            log(f"compare: {len(order) - len(listed)} run(s) {RECORD} lists do not exist yet")
+    else:
+        runs = find_runs(paths)
+    return runs, evaluation
+
+
 def compare(
     paths: list[str],
     vary: list[str] | None = None,
@@ -536,20 +556,7 @@ def compare(
         raise ConfigError(
             "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
         )
-    recorded = read_record(Path(paths[0])) if len(paths) == 1 else None
-    evaluation = Evaluation()
-    if recorded is not None:  # the report this folder holds: its runs in order, its settings
-        order, evaluation = recorded
-        holds = any(Path(paths[0]).rglob(CONFIG))  # a joint report's runs live elsewhere
-        found = find_runs(paths) if holds else []
-        listed = [r for r in order if (r / CONFIG).is_file()]  # an interrupted sweep: not all
-        runs = listed + [r for r in found if r not in listed]
-        if not runs:
-            raise LMError(f"{paths[0]}: its {RECORD} lists no run that exists, and it holds none")
-        if len(listed) < len(order):
-            log(f"compare: {len(order) - len(listed)} run(s) {RECORD} lists do not exist yet")
-    else:
-        runs = find_runs(paths)
+    runs, evaluation = _existing_runs(paths, log)
     evaluation = evaluation.given(**flags)
     if out is not None:
         out_dir = Path(out)

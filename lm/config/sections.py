@@ -26,17 +26,19 @@ from lm.config.names import (
     POSITIONS,
     ROTARY,
     SCHEDULES,
-    SCHEME_PLACES,
+    SCHEMES,
     SPLIT_BY,
-    TASKS,
     VAL_SPLITS,
-    task_of,
-    task_tokens,
+    Place,
 )
+from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
+
+
+WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # SchemeRow.even's
 
 
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -80,10 +82,10 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str | list[str] = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
-    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
-    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
-    embeddings, below every layer at once: never per layer."""
+    """Position scheme, one of "Position schemes" below (their rows in lm/config/names.py); or
+    one per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). Schemes that add to the embeddings
+    (sinusoidal, learned) act below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
     which trains far worse (docs/compare.md)."""
@@ -117,6 +119,10 @@ class ModelConfig:
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
     read 0..L-1. null: off."""
+    random_positions_eval: bool = False
+    """With random_positions: draw them at evaluation too, at every forward pass (lm eval, a
+    task's accuracy, validation; decoding then runs without a KV cache), as Ruoss et al.'s code
+    does; false: evaluation and sampling read 0..L-1."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     normalize: str = "softmax"
@@ -145,6 +151,9 @@ class ModelConfig:
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
         self._check_position()
+        # Each layer's scheme, n_layer names (a list ending in ... repeated): set once, read by
+        # every forward pass.
+        object.__setattr__(self, "layer_positions", _per_layer(self.position, self.n_layer))
         _choice(s, "kernel", self.kernel, KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -157,26 +166,30 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        rotary = sorted(set(ROTARY) & set(self.layer_positions))
-        if rotary and self.head_dim % 2:
-            raise ConfigError(
-                f"model.position: {rotary[0]} rotates feature pairs, so the head width "
-                f"d_model/n_head={self.head_dim} must be even"
-            )
         if self.position != "sinusoidal" and not self.scale_embeddings:
             raise ConfigError(
                 f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
             )
-        for name in ("sinusoidal", "sandwich"):  # sin and cos pairs of width d_model
-            if name in self.layer_positions and self.d_model % 2:
-                raise ConfigError(
-                    f"model.position: {name} needs an even d_model, got {self.d_model}"
-                )
+        self._check_widths()
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
+        self._check_random_positions_eval()
         self._check_normalize()
         self._check_window()
+        # Each layer's window, n_layer of them (None: every key).
+        object.__setattr__(self, "layer_windows", _per_layer(self.window, self.n_layer))
+
+    def _check_widths(self) -> None:
+        """The widths each scheme splits into pairs (its row's ``even``) are even."""
+        for name in dict.fromkeys(self.layer_positions):
+            for width in SCHEMES[name].even:
+                if getattr(self, width) % 2:
+                    label, value = WIDTHS[width], getattr(self, width)
+                    raise ConfigError(
+                        f"model.position: {name} needs an even {label} (it pairs features): "
+                        f"{label}={value} must be even"
+                    )
 
     def _check_normalize(self) -> None:
         """A normalization that runs with this model's kernel and schemes."""
@@ -252,6 +265,13 @@ class ModelConfig:
             text = self.position_text  # none, fox or cope: no position is read
             raise ConfigError(f"model.random_positions: position: {text} reads no positions")
 
+    def _check_random_positions_eval(self) -> None:
+        if self.random_positions_eval and self.random_positions is None:
+            raise ConfigError(
+                "model.random_positions_eval: draws model.random_positions at evaluation too; "
+                "set model.random_positions (M) first"
+            )
+
     def _check_position(self) -> None:
         """One scheme, or one per layer (read back as ``layer_positions``)."""
         if isinstance(self.position, str):
@@ -276,7 +296,7 @@ class ModelConfig:
             if name == "...":
                 raise ConfigError(f"model.position: {text}: ... may only end the list")
             _choice("model", "position", name, POSITIONS)
-            if SCHEME_PLACES[name] == "embeddings":
+            if SCHEMES[name].place is Place.EMBEDDINGS:
                 raise ConfigError(
                     f"model.position: {text}: {name} adds to the embeddings, below every layer "
                     f"at once, and cannot be chosen per layer (write position: {name})"
@@ -345,11 +365,6 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     @property
-    def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window, ``n_layer`` of them (None: every key)."""
-        return _per_layer(self.window, self.n_layer)
-
-    @property
     def cope_positions(self) -> int:
         """How many position embeddings CoPE has."""
         return self.cope_max or self.context_length + 1
@@ -358,11 +373,6 @@ class ModelConfig:
     def rope_kept_pairs(self) -> int:
         """How many of each head's fastest pairs p-RoPE rotates (all, by default)."""
         return round(self.rope_p * self.head_dim / 2)
-
-    @property
-    def layer_positions(self) -> tuple[str, ...]:
-        """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
-        return _per_layer(self.position, self.n_layer)
 
     @property
     def position_range(self) -> int:
@@ -444,6 +454,16 @@ class DataConfig:
     flipflop_ignore: float = 0.8
     """builtin:flipflop: the probability that an instruction between the first write and the
     last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""
+    counting_variables: int = 3
+    """builtin:counting: variables a program may use, 1 to 3 (x, y, z)."""
+    selective_copy_density: float = 0.25
+    """builtin:selective_copy: the share of positions holding a symbol to copy, in (0, 1];
+    evaluated also at twice it (dense, at most 1) and half (sparse)."""
+    addition_hints: bool = False
+    """builtin:addition: each digit preceded by a letter naming its place (index hints, Zhou et
+    al. 2023/2024); a number then has at most 26 digits."""
+    addition_reversed: bool = False
+    """builtin:addition: numbers and sums written least significant digit first (Zhou et al.)."""
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
@@ -471,38 +491,13 @@ class DataConfig:
         self._check_task()
 
     def _check_task(self) -> None:
-        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        """A builtin: that exists; a task's own keys set only for a task, each within range
+        (:mod:`lm.config.tasks`)."""
         source = self.source.strip()
         if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
             known = ", ".join(f"builtin:{b}" for b in BUILTINS)
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
-        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
-        task = task_of(source)
-        if task != "flipflop" and self.flipflop_ignore != DataConfig.flipflop_ignore:
-            raise ConfigError("data.flipflop_ignore: applies to data.source: builtin:flipflop only")
-        if task is None:
-            for key in keys:
-                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
-                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
-            return
-        if not 0.0 <= self.flipflop_ignore < 1.0:
-            raise ConfigError(
-                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
-                f"got {self.flipflop_ignore!r}"
-            )
-        _positive("data", self, "task_eval_examples")
-        if self.task_examples < 2:
-            raise ConfigError(
-                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
-                "validate on)"
-            )
-        for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
-            if task == "flipflop" and lengths[0] < 2:
-                raise ConfigError(
-                    f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
-                    f"then a read), got {getattr(self, key)!r}"
-                )
+        check_task(self, DataConfig.__dataclass_fields__)
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""
@@ -679,19 +674,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        task = task_of(self.data.source)
-        if task is None:
-            return
-        C = self.model.context_length
-        keys = ("task_lengths", "task_eval_lengths")
-        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
-            longest = task_tokens(task, lengths[-1])
-            if longest - 1 > C:  # its inputs: every token but the last target
-                raise ConfigError(
-                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
-                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
-                    "context or shorten the lengths"
-                )
+        check_task_fits(self.data, self.model.context_length)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

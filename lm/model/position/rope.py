@@ -18,6 +18,7 @@ from lm.config.names import XPOS_REACH
 from lm.config.sections import ModelConfig
 from lm.model.plan import Plan
 from lm.model.position.base import Scheme
+from lm.model.position.embeddings import frequencies
 
 
 def rope_frequencies(
@@ -33,7 +34,7 @@ def rope_frequencies(
     ``rotary_pct``); the other pairs get frequency 0, so they are never rotated.
     """
     d = head_dim if pairs is None else 2 * pairs
-    theta = base ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+    theta = frequencies(d, base, device)
     if d < head_dim:
         theta = torch.cat([theta, theta.new_zeros((head_dim - d) // 2)])
     return theta
@@ -173,9 +174,10 @@ class RoPE(Scheme):
     once, kept as unsaved buffers; longer contexts are computed when asked for."""
 
     name = "rope"
+    shared = True
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.rope = RopeAngles.of(config)
         cos, sin = self.rope.cos_sin(torch.arange(config.position_range))  # (C, d_k/2) each
         self.register_buffer("cos", cos, persistent=False)
