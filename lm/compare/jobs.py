@@ -69,6 +69,7 @@ def run_jobs(
     stops every job at its next checkpoint; nothing more starts. ``here`` trains a job in this
     process: the last one, when it would start with no other running (it then has every core
     and pays no process's start, as one run at a time does)."""
+    n = min(n, len(jobs))  # --jobs 5 for 3 runs runs 3 at once, and divides the cores by 3
     waiting, running = list(jobs), {}
     slots: list[_Slot] = []  # every worker started
     idle: list[_Slot] = []  # those waiting for a job
