@@ -97,6 +97,7 @@ function lineChart(chart, opts) {
     const d = s.y.map((v, j) => `${j ? "L" : "M"}${px(x[j]).toFixed(2)},${py(v).toFixed(2)}`).join("");
     svg.append(el("svg:path", { d, class: "series" + (opts.on && opts.on(s) ? " on" : ""),
       stroke: COLORS[i % COLORS.length], "data-label": s.label, "data-layer": s.layer, "data-head": s.head }));
+    if (s.y.length <= 30) s.y.forEach((v, j) => svg.append(el("svg:circle", { cx: px(x[j]), cy: py(v), r: 2.5, fill: COLORS[i % COLORS.length] })));
   });
   const cursor = el("svg:line", { y1: Tp, y2: H - B, class: "cursor", visibility: "hidden" });
   svg.append(cursor);
