@@ -30,12 +30,13 @@ import torch
 
 from lm.config.errors import LMError
 from lm.config.load import load_config
-from lm.config.names import SPLITS, task_of
-from lm.config.sections import Config, DataConfig
+from lm.config.names import ROTARY, SPLITS, XPOS_REACH, task_of
+from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
+from lm.model.position.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.directory import CONFIG, TOKENIZER
 from lm.runs.load import LoadedRun, load_run
@@ -156,10 +157,10 @@ def load_evaluated(
     if rope_scaling is None:
         return run
     model = run.config.model
-    if "rope" not in model.layer_positions:
+    if not set(ROTARY) & set(model.layer_positions):  # xPos rotates by RoPE's angles too
         raise LMError(
             f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position_text}"
+            f"{model.position_text} (rope and xpos rotate by RoPE's angles)"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
@@ -197,13 +198,8 @@ def evaluate_lengths(
             "requested": str(spec),
             "trained_context": trained,
         }
-        if cfg.model.position == "learned" and length > cfg.model.position_range:
-            row.update(
-                loss=None,
-                perplexity=None,
-                note=f"learned positions stop at {cfg.model.position_range}: no vector for "
-                "longer contexts",
-            )
+        if note := _out_of_reach(cfg.model, length):
+            row.update(loss=None, perplexity=None, note=note)
             rows.append(row)
             continue
         # About the same number of tokens per batch at every length.
@@ -241,6 +237,20 @@ def evaluate_lengths(
             )
         rows.append(row)
     return rows
+
+
+def _out_of_reach(model: ModelConfig, length: int) -> str:
+    """Why a model has no loss at ``length``, or '': a learned table has no vector past its
+    rows; xPos's scales leave fp32 past its reach (``lm.model.position.rope.xpos_reach``)."""
+    if model.position == "learned" and length > model.position_range:
+        return f"learned positions stop at {model.position_range}: no vector for longer contexts"
+    reach = xpos_reach(model.xpos_scale_base)
+    if "xpos" in model.layer_positions and length > reach:
+        return (
+            f"xPos with xpos_scale_base {model.xpos_scale_base:g} computes positions up to "
+            f"{reach} ({XPOS_REACH} B): its scales leave fp32 beyond"
+        )
+    return ""
 
 
 def evaluate_run(

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lm.config.load import RENAMED, SECTIONS  # noqa: E402
+from lm.config.names import SCHEMES  # noqa: E402
 
 PAGE = ROOT / "docs" / "configuration.md"
 SOURCE = ROOT / "lm" / "config" / "sections.py"
@@ -88,6 +89,8 @@ def render() -> str:
                 f"`{cell(default_text(f.default))}` | {cell(docs[f.name])} |"
             )
         parts.append("\n".join(rows) + "\n")
+        if name == "model":
+            parts.append(schemes_table())
     renamed = [f"`{s}.{old}` is read as `{s}.{new}`" for (s, old), new in RENAMED.items()]
     parts.append(
         "## Older names\n\nRun directories and configs written by earlier versions load: "
@@ -95,6 +98,22 @@ def render() -> str:
         + ".\n"
     )
     return "\n".join(parts)
+
+
+def schemes_table() -> str:
+    """Every ``model.position``, from its row of ``lm.config.names.SCHEMES``."""
+    rows = [
+        "### Position schemes\n",
+        "Every `model.position` (formulas and papers: [positions](positions.md)), from its row in "
+        "`lm/config/names.py`:\n",
+        "| `model.position` | acts on | learned bias | `kernel: flex` | even widths |",
+        "|---|---|---|---|---|",
+    ]
+    for row in SCHEMES.values():
+        even = ", ".join(row.even) or "-"
+        learned, flex = ("yes" if row.learned_bias else "no"), ("yes" if row.flex else "no")
+        rows.append(f"| `{row.name}` | {row.place.value} | {learned} | {flex} | {even} |")
+    return "\n".join(rows) + "\n"
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """The notes' claims about attention, each as a test."""
 
+import dataclasses
 import math
 
 import pytest
@@ -180,7 +181,9 @@ def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
     x = torch.randn(2, 5, 8)
     key_mask = _masks(2, 5)
     plan = build_plan(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask, dtype=x.dtype)
-    w = softmax_rows(mha.scores_and_weights(x, plan)[0])  # (B, H, T, T)
+    plan = dataclasses.replace(plan, weights=[])  # the layer keeps its (S + M, A)
+    mha(x, plan)
+    w = softmax_rows(plan.weights[0][0])  # (B, H, T, T)
     y = self_attend(mha, cfg, x, key_mask=key_mask)
     assert (w[0, :, :, :3] == 0).all() and (w[1, :, :, -2:] == 0).all()
     assert torch.isfinite(y).all()

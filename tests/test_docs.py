@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lm.cli import build_parser
-from lm.config.names import SCHEME_PLACES
+from lm.config.names import SCHEMES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -102,13 +102,14 @@ def test_quoted_tables_are_the_committed_reports():
             assert body.startswith("|"), f"{page.name}: an empty quoted table"
 
 
-def test_the_positions_page_has_every_scheme_where_it_acts():
+def test_the_positions_page_has_every_scheme_where_it_acts_and_its_class():
     rows = {}
     for line in _text(ROOT / "docs" / "positions.md").splitlines():
-        match = re.match(r"\| `(\w+)` \| ([a-z ]+) \|", line)
+        code = r"`lm/model/position/(\w+)\.py` `(\w+)`"
+        match = re.match(rf"\| `(\w+)` \| ([a-z ]+) \|.*\| {code} \|", line)
         if match:
-            rows[match.group(1)] = match.group(2)
-    assert rows == SCHEME_PLACES
+            rows[match.group(1)] = (match.group(2), f"{match.group(3)}:{match.group(4)}")
+    assert rows == {name: (row.place.value, row.code) for name, row in SCHEMES.items()}
 
 
 def test_the_notes_table_names_functions_where_they_are_defined():

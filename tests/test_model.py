@@ -108,9 +108,9 @@ def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
     alibi, t5 = model.blocks[3].attn.position, model.blocks[2].attn.position
     for i, own in ((2, t5), (3, alibi), (4, t5)):  # one bias of each scheme, side by side
         layer = model.blocks[i].attn.position
-        torch.testing.assert_close(layer.additive_mask(plan), own.additive_mask(plan))
-    assert not torch.equal(alibi.additive_mask(plan), t5.additive_mask(plan))
-    assert model.blocks[0].attn.position.additive_mask(plan) is None and plan.rotation is not None
+        torch.testing.assert_close(layer.score_bias(plan), own.score_bias(plan))
+    assert not torch.equal(alibi.score_bias(plan), t5.score_bias(plan))
+    assert not model.blocks[0].attn.biases and plan.rotation is not None
 
 
 def test_tied_head_gpt2_init_and_parameter_count():
@@ -168,7 +168,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     segments = torch.tensor([[0] * 4 + [1] * 6, [0] * 7 + [1] * 3])
     calls = {"alibi_bias": 0, "allowed_keys": 0}
     for owner, name, counter in (
-        (ALiBi, "bias_at", "alibi_bias"),
+        (ALiBi, "arguments", "alibi_bias"),
         (lm.model.plan, "allowed_keys", "allowed_keys"),
     ):
         real = getattr(owner, name)

@@ -194,7 +194,8 @@ def test_the_bias_drawn_against_distance_is_what_each_layer_adds():
     fire = model("fire")  # its own function of the distance, for a query at position 5
     for i, layer in bias_by_distance(fire, torch.zeros(1, 6, dtype=torch.long)).items():
         part = fire.blocks[i].attn.position
-        expected = part.bias_at(torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6))
+        head, query, key = torch.arange(2)[:, None], torch.tensor(5), 5 - torch.arange(6)
+        expected = part.formula(*part.arguments(None), head, query, key)
         np.testing.assert_allclose(layer, expected.detach().numpy(), rtol=1e-5)
 
 

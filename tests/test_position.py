@@ -112,7 +112,7 @@ def test_alibi_slopes_and_bias():
     cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
     plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
     part = ALiBi(cfg)
-    b = part.additive_mask(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
+    b = part.score_bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
 
@@ -136,7 +136,7 @@ def test_t5_bias_is_each_heads_learned_scalar_of_the_distance_bucket():
     with torch.no_grad():  # b_h[bucket] = 100 h + bucket: each entry names where it came from
         part.table.copy_(100 * torch.arange(2.0)[:, None] + torch.arange(8.0))
     plan = build_plan(cfg, torch.zeros(1, 30, dtype=torch.long), kernel="math")
-    b = part.additive_mask(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
+    b = part.score_bias(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
     assert b[0, 0, 29, 29] == 0 and b[0, 1, 29, 29] == 100  # distance 0
     assert b[0, 0, 29, 26] == 3 and b[0, 1, 29, 20] == 106 and b[0, 0, 29, 0] == 7  # 3, 9, 29
     assert torch.isinf(b[0, :, 0, 1]).all()  # a future key stays blocked
@@ -151,8 +151,8 @@ def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
     assert tables == ["blocks.0.attn.position.table"]  # one table [heads, buckets]
     assert model.num_parameters() == TransformerLM(ModelConfig(**cfg)).num_parameters() + 2 * 32
     calls = []
-    real = T5.bias_at
-    monkeypatch.setattr(T5, "bias_at", lambda *a: calls.append(1) or real(*a))
+    real = T5.formula
+    monkeypatch.setattr(T5, "formula", staticmethod(lambda *a: calls.append(1) or real(*a)))
     model(torch.randint(0, 20, (2, 9))).sum().backward()
     assert len(calls) == 1  # built once, read by the three layers
     assert model.blocks[0].attn.position.table.grad.abs().sum() > 0
@@ -168,14 +168,14 @@ def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
         part.r1.copy_(torch.tensor([1.0, 2.0]))
         part.r2.copy_(torch.tensor([0.5, 1.0]))
     plan = build_plan(cfg, torch.zeros(1, 4, dtype=torch.long), kernel="math")
-    b = part.additive_mask(part.prepare(plan))  # (1, H, 4, 4)
+    b = part.score_bias(part.prepare(plan))  # (1, H, 4, 4)
     # distance 2: head 0 -1 log(1 + 0.5 * 2) = -log 2, head 1 -2 log(1 + 2) = -2 log 3
     torch.testing.assert_close(b[0, :, 3, 1], torch.tensor([-math.log(2), -2 * math.log(3)]))
     assert (b[0, :, 2, 2] == 0).all() and torch.isinf(b[0, :, 1, 2]).all()  # d = 0; the future
     # r1, r2 used at no less than 0.01, the gradient still reaching a parameter below that.
     with torch.no_grad():
         part.r2.copy_(torch.tensor([-1.0, 1.0]))
-    b = part.additive_mask(part.prepare(plan))
+    b = part.score_bias(part.prepare(plan))
     torch.testing.assert_close(b[0, 0, 3, 1], torch.tensor(-math.log(1 + 0.02)))
     b[0, 0, 3, 1].backward()
     assert part.r2.grad[0] != 0
@@ -196,7 +196,7 @@ def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
         part.b2.fill_(0.25)
         part.c.fill_(1.0)
     plan = build_plan(cfg, torch.zeros(1, 20, dtype=torch.long), kernel="math")
-    b = part.additive_mask(part.prepare(plan))[0, 0]  # (20, 20)
+    b = part.score_bias(part.prepare(plan))[0, 0]  # (20, 20)
     # i = 2, j = 0: x = psi(2) / psi(max(L=4, 2)) = log 3 / log 5 -> 0.25 + 2x
     torch.testing.assert_close(b[2, 0], torch.tensor(0.25 + 2 * math.log(3) / math.log(5)))
     # distance 0: x = 0 -> 0.25 + 3 * 0.5; the whole context back: x = 1 -> 0.25 + 2, at i = 9
@@ -211,7 +211,7 @@ def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
     # c and L are learned: the bias has a gradient for both (and for the MLP).
     b[9, 3].backward()
     assert part.c.grad.abs() > 0 and part.w1.grad.abs().sum() > 0
-    b = part.additive_mask(part.prepare(plan))[0, 0]
+    b = part.score_bias(part.prepare(plan))[0, 0]
     b[3, 2].backward()
     assert part.threshold_scale.grad.abs() > 0
 
@@ -428,7 +428,7 @@ def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
     p = sinusoidal_table(6, 4).double()
     assert (p[5] @ p[3] - 2).item() == pytest.approx(table[2].item())  # the notes' p_l . p_j
     part = Sandwich(cfg)
-    b = part.additive_mask(part.prepare(_plan(cfg, 3)))  # (1, H, 3, 3), -inf above the diagonal
+    b = part.score_bias(part.prepare(_plan(cfg, 3)))  # (1, H, 3, 3), -inf above the diagonal
     for h, scale in enumerate((2 / 8, 2 / 16)):  # H / (8 h), h = 1, 2
         assert b[0, h, 2].tolist() == pytest.approx([scale * table[n].item() for n in (2, 1, 0)])
     assert torch.isinf(b[0, 0, 0, 1])
@@ -473,7 +473,7 @@ def test_fox_adds_the_log_forget_gates_between_key_and_query():
     part = FoX(cfg, 0)
     torch.manual_seed(0)
     x = torch.randn(1, 4, 4)
-    b = part.additive_mask(_plan(cfg, 4), x, None, None)  # (1, H, 4, 4)
+    b = part.score_bias(_plan(cfg, 4), x, None, None)  # (1, H, 4, 4)
     f = torch.sigmoid(part.gate(x))[0]  # (T, H): f_t per head
     for h in range(2):
         for i in range(4):
@@ -492,7 +492,7 @@ def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
     with torch.no_grad():
         part.table.copy_(torch.randn(4, 3))
     q, k = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
-    b = part.additive_mask(_plan(cfg, 3), None, q, k)[0, 0]
+    b = part.score_bias(_plan(cfg, 3), None, q, k)[0, 0]
     gates = torch.sigmoid(q[0, 0] @ k[0, 0].T / 2)  # g_ij, d_k = 4
     for i in range(3):
         for j in range(i + 1):

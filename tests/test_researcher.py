@@ -5,6 +5,7 @@ continued from others and settings a researcher tries."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import lm
 import lm.training.tune as tune
 from lm.cli import main
 from lm.data.sources import cache_root
+from lm.evaluate import evaluate_lengths
 from lm.runtime import choices
 from lm.training.loop import train
 
@@ -260,3 +262,135 @@ def test_attention_mask_has_the_documented_shape_with_or_without_causal():
     for causal in (True, False):
         assert lm.attention_mask(key_mask, causal=causal).shape == (2, 1, 3, 3)
     assert lm.attention_mask(key_mask, causal=False)[0, 0].tolist() == [[False, True, True]] * 3
+
+
+def _train(root: Path, name: str, **sections) -> Path:
+    """A tiny run of a few steps with a checkpoint at its end."""
+    sections.setdefault("data", {})
+    sections["data"] = {"cache_dir": str(root / "cache"), **sections["data"]}
+    train_keys = {
+        "max_steps": 2,
+        "eval_every": 0,
+        "checkpoint_every": 2,
+        **sections.pop("train", {}),
+    }
+    lm.train(tiny_config(train=train_keys, **sections), root / name, quiet=True)
+    return root / name
+
+
+def test_xpos_beyond_its_reach_is_refused_not_nan(tmp_path):
+    from lm.model.transformer import TransformerLM
+
+    run = lm.load(_train(tmp_path, "xpos", model={"position": "xpos", "xpos_scale_base": 4}))
+    losses = lm.loss_at(run, [256, 512], max_batches=1)  # 64 B = 256 positions
+    assert losses[256] is not None and math.isfinite(losses[256])
+    assert losses[512] is None
+    rows = evaluate_lengths(run, run.run_dir, [512], "val", None, "cpu", 1)
+    assert "computes positions up to 256 (64 B)" in rows[0]["note"]
+    # The model itself refuses a pass beyond, and a config whose training reaches beyond.
+    with pytest.raises(lm.config.LMError) as refused:
+        run.model(torch.zeros(1, 300, dtype=torch.long))
+    assert_one_line(refused, "model.xpos_scale_base: 4", "up to position 256", "reaches 299")
+    small = tiny_config(model={"position": "xpos", "xpos_scale_base": 0.25, "vocab_size": 10})
+    with pytest.raises(lm.config.LMError) as refused:
+        TransformerLM(small.model)
+    assert_one_line(refused, "model.xpos_scale_base: 0.25", "up to position 16", "reads 32")
+
+
+def test_a_cope_run_continues_at_a_longer_context(tmp_path):
+    source = _train(tmp_path, "cope", model={"position": "cope"})
+    longer = {"context_length": 64, "position": "cope"}
+    for name, model in (("a", longer), ("b", {**longer, "cope_max": 33})):
+        config = tiny_config(
+            model=model,
+            data={"cache_dir": str(tmp_path / "cache")},
+            train={"max_steps": 2, "eval_every": 0},
+        )
+        result = lm.train(config, tmp_path / name, init_from=source, quiet=True)
+        assert result.status == "done"
+        assert lm.load(tmp_path / name).config.model.cope_max == 33  # its table, as it ran
+    with pytest.raises(lm.config.LMError) as refused:
+        config = tiny_config(model={**longer, "cope_max": 40}, data={"cache_dir": str(tmp_path)})
+        lm.train(config, tmp_path / "c", init_from=source, quiet=True)
+    assert_one_line(refused, "model.cope_max is 33 there and 40 here")
+
+
+def test_init_from_compares_only_the_keys_its_schemes_read_and_names_them(tmp_path):
+    source = _train(tmp_path, "fox", model={"position": "fox"})
+    cache = {"cache_dir": str(tmp_path / "cache")}
+    fire = tiny_config(model={"position": "fox", "fire_threshold": 4}, data=cache)
+    fire = fire.replace(train=tiny_config(train={"max_steps": 1, "eval_every": 0}).train)
+    assert lm.train(fire, tmp_path / "a", init_from=source, quiet=True).status == "done"
+    ssmax = tiny_config(model={"position": "fox", "normalize": "ssmax"}, data=cache)
+    with pytest.raises(lm.config.LMError) as refused:
+        lm.train(ssmax, tmp_path / "b", init_from=source, quiet=True)
+    assert_one_line(refused, "model.normalize is 'softmax' there and 'ssmax' here")
+
+
+def test_init_from_another_tasks_run_whose_symbols_it_does_not_know_is_refused(tmp_path):
+    task = {"tokenizer": "char", "mode": "padded", "task_examples": 64, "task_eval_examples": 8}
+    flipflop = {**task, "source": "builtin:flipflop", "task_lengths": 4, "task_eval_lengths": 4}
+    source = _train(tmp_path, "ff", data=flipflop)
+    copy = {**task, "source": "builtin:copy", "task_lengths": "1-8", "task_eval_lengths": "1-8"}
+    config = tiny_config(data={**copy, "cache_dir": str(tmp_path / "cache")})
+    with pytest.raises(lm.config.LMError) as refused:
+        lm.train(config, tmp_path / "copy", init_from=source, quiet=True)
+    assert_one_line(refused, "of the training split's characters are not in the vocabulary")
+    assert not (tmp_path / "copy" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("position", "refused"),
+    [("none", True), ("fox", True), ("cope", True), ("[fox, none]", True), ("rope", False)],
+)
+def test_random_positions_is_refused_for_every_scheme_that_reads_none(position, refused):
+    from lm.config.load import load_config
+
+    overrides = [f"model.position={position}", "model.random_positions=512", "model.n_layer=2"]
+    if refused:
+        with pytest.raises(lm.config.LMError) as error:
+            load_config(Path("configs/default.yaml"), overrides)
+        assert_one_line(error, "model.random_positions: position:", "reads no positions")
+    else:
+        assert load_config(Path("configs/default.yaml"), overrides).model.random_positions == 512
+
+
+def test_eval_rope_scaling_applies_to_xpos_as_its_config_key_does(tmp_path, capsys):
+    run = _train(tmp_path, "xpos", model={"position": "xpos"})
+    for scaling in ("none", "pi:2"):
+        assert main(["eval", str(run), "--rope-scaling", scaling, "--max-batches", "1"]) == 0
+    assert "loss" in capsys.readouterr().out
+
+
+def test_export_takes_a_window_list_that_reads_every_key(tmp_path):
+    run = _train(tmp_path, "w", model={"window": [None, None]})
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_a_second_sweep_into_one_out_is_refused_and_no_run_counts_twice(tmp_path, capsys):
+    import shutil
+
+    from _support import write_config
+
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 2, "eval_every": 0, "checkpoint_every": 2, "seed": 1},
+    )
+    out = tmp_path / "s"
+    flags = ["--out", str(out), "--quiet", "--eval-batches", "1", "--max-new-tokens", "2"]
+    assert main(["compare", str(cfg), "--vary", "model.position=rope,none", *flags]) == 0
+    capsys.readouterr()
+    second = ["compare", str(cfg), "--vary", "model.normalize=softmax,ssmax", *flags]
+    expect_error(capsys, second, f"--out {out}: holds a sweep of position", "another --out")
+    assert not (out / "normalize=softmax").exists()
+    # The same sweep again (more values of its key) is one sweep, its runs reused.
+    assert main(["compare", str(cfg), "--vary", "model.position=rope,none,alibi", *flags]) == 0
+    # A folder that holds one config's run twice (copied by hand) counts it once.
+    shutil.copytree(out / "position=rope" / "seed1", out / "position=rope_again" / "seed1")
+    capsys.readouterr()
+    assert main(["compare", str(out), "--quiet"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["runs"]) == 3
+    assert "2 seeds" not in (out / "report.md").read_text()

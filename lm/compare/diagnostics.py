@@ -20,10 +20,12 @@ import torch
 
 from lm.compare import plots
 from lm.config.errors import LMError
-from lm.config.names import SCHEME_PLACES
+from lm.config.names import SCORE_BIASES
 from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.data.tokenizer import TextTokenizer
+from lm.model.position import SCHEME_CLASSES
+from lm.model.position.base import ScoreBias
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.runs.directory import TOKENIZER, check_out_dir
@@ -173,7 +175,7 @@ def draw_score_by_offset(
             total = torch.where(ok, diagonal, torch.zeros_like(diagonal)).sum(dim=(0, 2))
             profile[i, :, offset] = (total / pairs[offset]).cpu().numpy()
     ylabel = "mean score q·k/√d_k"
-    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if SCHEME_PLACES[n] == "scores"]
+    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in SCORE_BIASES]
     if biased:  # the softmax sees S plus the bias
         ylabel += f" + {'/'.join(biased)} bias"
     plots.score_by_offset(
@@ -189,22 +191,28 @@ def draw_score_by_offset(
 
 @torch.no_grad()
 def bias_by_distance(model: TransformerLM, ids: torch.Tensor) -> dict[int, np.ndarray]:
-    """What each layer's position part adds to the scores of the last query of ``ids [1, T]``
+    """What each layer's position scheme adds to the scores of the last query of ``ids [1, T]``
     against the keys at distance ``0 .. T - 1`` behind it: ``{layer: [heads, T]}``, for the
     layers whose scheme biases the scores (ALiBi's ``-m_h d``; FoX's and CoPE's, which read the
-    text, for this one); read through the same plan and hook the forward pass uses."""
+    text, for this one); each layer's hook given what it reads in a forward pass."""
     plan = model.plan(ids, kernel="math")
-    x = model.drop(model.pos_embed.embed(model.embed(ids), plan))
+    inputs: dict[int, torch.Tensor] = {}  # each biased layer's input, from a forward pass
+    hooks = [
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
+        for i, block in enumerate(model.blocks)
+        if block.attn.biases
+    ]
+    try:
+        model(ids, plan=plan)
+    finally:
+        for hook in hooks:
+            hook.remove()
     drawn = {}
-    for i, block in enumerate(model.blocks):
-        attn, layer_plan = block.attn, plan.at_window(block.attn.window)
-        h = block.norm1(x)
-        q, k, _ = attn.project(h)
-        q, k = attn.position.rotate(q, k, layer_plan)
-        bias = attn.position.additive_mask(layer_plan, h, q, k)  # (1, H, T, T)
-        if bias is not None:
-            drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
-        x = block(x, plan)
+    for i, h in inputs.items():
+        attn = model.blocks[i].attn
+        q, k, _ = attn.project(h)  # a scheme of the scores rotates nothing
+        bias = attn.position.score_bias(plan.at_window(attn.window), h, q, k)  # (1, H, T, T)
+        drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
     return drawn
 
 
@@ -217,7 +225,7 @@ def draw_bias_by_distance(
     path = picture_path(out) if out is not None else None
     run = load_run(run_dir, device=device)
     cfg = run.config
-    if not any(SCHEME_PLACES[n] == "scores" for n in cfg.model.layer_positions):
+    if set(SCORE_BIASES).isdisjoint(cfg.model.layer_positions):
         return None
     C = cfg.model.context_length
     data = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
@@ -225,7 +233,11 @@ def draw_bias_by_distance(
     real = int(batch["key_mask"][0].sum())  # a window's real tokens
     drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
     path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
-    reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in ("fox", "cope")]
+    reads = [  # the schemes whose bias reads the layer's content, not positions alone
+        n
+        for n in dict.fromkeys(cfg.model.layer_positions)
+        if n in SCORE_BIASES and not issubclass(SCHEME_CLASSES[n], ScoreBias)
+    ]
     of = f", on the first validation window ({' and '.join(reads)} read its text)" if reads else ""
     return plots.score_by_offset(
         np.stack(list(drawn.values())),

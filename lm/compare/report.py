@@ -471,6 +471,46 @@ def _grouped(results: list[RunResult]) -> _Grouping:
     return _Grouping(header, full, groups, trained)
 
 
+def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
+    """The report's section of exact-match accuracy (by split for flip-flop, by length for the
+    other tasks); none without a task."""
+    if all(r.accuracy is None for r in results):
+        return []
+    first = next(r for r in results if r.accuracy is not None)
+    examples = first.accuracy[0]["examples"]
+    if "split" in first.accuracy[0]:
+        data = first.config.data
+        task = task_of(data.source)
+        what = "reads the memory of" if task == "flipflop" else "answers"
+        noun = "flip-flop programs" if task == "flipflop" else f"{task} prompts"
+        return [
+            "## Exact-match accuracy by split",
+            "",
+            f"Each run {what} {examples} {noun} per split and length "
+            f"greedily (`lm.evaluate.task_accuracy`, the code behind `lm eval`); the splits' "
+            f"{split_notes(task, TaskSettings.of(data))}. A cell is the accuracy (the mean "
+            "over its lengths), mean ± std over seeds.",
+            "",
+            *_accuracy_table(g.header, g.trained),
+            "",
+            f"![errors by split]({SPLIT_PICTURE})",
+            "",
+        ]
+    return [
+        "## Exact-match accuracy by length",
+        "",
+        f"Each run answers {examples} prompts of the task at every length greedily "
+        "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only "
+        "if every token and the end of the document are right. A cell is the mean "
+        "accuracy over its lengths, mean ± std over seeds; report.json has every length.",
+        "",
+        *_accuracy_table(g.header, g.trained),
+        "",
+        f"![accuracy against length]({ACCURACY_PICTURE})",
+        "",
+    ]
+
+
 def render(
     results: list[RunResult], prompt: str, max_new_tokens: int
 ) -> tuple[str, dict[str, Any]]:
@@ -506,42 +546,7 @@ def render(
     )
     if _tasks_only(results):  # the main table has the validation loss, accuracy the lengths
         pictures, length_section = PICTURES[:2], []
-    accuracy = []
-    if any(r.accuracy is not None for r in results):
-        first = next(r for r in results if r.accuracy is not None)
-        examples = first.accuracy[0]["examples"]
-        if "split" in first.accuracy[0]:
-            data = first.config.data
-            task = task_of(data.source)
-            what = "reads the memory of" if task == "flipflop" else "answers"
-            noun = "flip-flop programs" if task == "flipflop" else f"{task} prompts"
-            accuracy = [
-                "## Exact-match accuracy by split",
-                "",
-                f"Each run {what} {examples} {noun} per split and length "
-                f"greedily (`lm.evaluate.task_accuracy`, the code behind `lm eval`); the splits' "
-                f"{split_notes(task, TaskSettings.of(data))}. A cell is the accuracy (the mean "
-                "over its lengths), mean ± std over seeds.",
-                "",
-                *_accuracy_table(g.header, g.trained),
-                "",
-                f"![errors by split]({SPLIT_PICTURE})",
-                "",
-            ]
-        else:
-            accuracy = [
-                "## Exact-match accuracy by length",
-                "",
-                f"Each run answers {examples} prompts of the task at every length greedily "
-                "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only "
-                "if every token and the end of the document are right. A cell is the mean "
-                "accuracy over its lengths, mean ± std over seeds; report.json has every length.",
-                "",
-                *_accuracy_table(g.header, g.trained),
-                "",
-                f"![accuracy against length]({ACCURACY_PICTURE})",
-                "",
-            ]
+    accuracy = _accuracy_section(results, g)
     lines = [
         f"# {_title(g.header, [r.config for r in results])}",
         "",

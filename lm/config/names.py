@@ -1,43 +1,95 @@
-"""The words a config may use, in one place: every choice of every section, the position schemes
-with where each acts, and the builtin sources with the tasks among them.
+"""The words a config may use, in one place: every choice of every section, the table of
+position schemes (:data:`SCHEMES`, a row each), and the builtin sources with the tasks among them.
 
-The model's parts (``lm.model.position``) and the data's generators (``lm.data.tasks``) read
+The model's schemes (``lm.model.position``) and the data's generators (``lm.data.tasks``) read
 these names; the config never reads them back, so it loads without importing the model or the
-data (a test holds the model's registry to this table).
+data.
 """
 
 from __future__ import annotations
 
-SCHEME_PLACES = {
-    "rope": "queries and keys",
-    "sinusoidal": "embeddings",
-    "learned": "embeddings",
-    "alibi": "scores",
-    "t5": "scores",
-    "kerple": "scores",
-    "fire": "scores",
-    "sandwich": "scores",
-    "xpos": "queries and keys",
-    "fox": "scores",
-    "cope": "scores",
-    "none": "nothing",
+import enum
+from dataclasses import dataclass
+
+
+class Place(enum.Enum):
+    """Where a position scheme acts (notes, "Causal masks restrict access; position signals
+    describe location"): on the embeddings (added to ``E[w]``, below every layer at once), on
+    the queries and keys (rotated), on the scores (a bias added to ``S``), or nowhere."""
+
+    EMBEDDINGS = "embeddings"
+    QUERIES_AND_KEYS = "queries and keys"
+    SCORES = "scores"
+    NOTHING = "nothing"
+
+
+@dataclass(frozen=True)
+class SchemeRow:
+    """One position scheme, everything the config, the model and the docs ask of it."""
+
+    name: str
+    """Its ``model.position``."""
+    place: Place
+    code: str
+    """Its class, ``module:Class`` under ``lm.model.position`` (imported by the model, never
+    here)."""
+    learned_bias: bool = False
+    """Its score bias has learned parameters, so training takes their gradient through the
+    attention kernel (``lm.model.kernels.choose_kernel`` picks the kernel for it)."""
+    flex: bool = True
+    """FlexAttention's score function, which sees one query-key pair at a time, can compute it."""
+    rotary: bool = False
+    """It rotates queries and keys by RoPE's angles, so it reads the ``model.rope_*`` keys."""
+    even: tuple[str, ...] = ()
+    """The widths it splits into pairs, each a ``ModelConfig`` attribute that must be even."""
+    reads_positions: bool = True
+    """It reads token positions; FoX's forgetting and CoPE's counting are gates over the
+    sequence's order instead, and ``none`` reads nothing."""
+
+
+SCHEMES = {
+    row.name: row
+    for row in (
+        SchemeRow("rope", Place.QUERIES_AND_KEYS, "rope:RoPE", rotary=True, even=("head_dim",)),
+        SchemeRow("sinusoidal", Place.EMBEDDINGS, "embeddings:Sinusoidal", even=("d_model",)),
+        SchemeRow("learned", Place.EMBEDDINGS, "embeddings:Learned"),
+        SchemeRow("alibi", Place.SCORES, "biases:ALiBi"),
+        SchemeRow("t5", Place.SCORES, "biases:T5", learned_bias=True),
+        SchemeRow("kerple", Place.SCORES, "biases:KERPLE", learned_bias=True),
+        SchemeRow("fire", Place.SCORES, "biases:FIRE", learned_bias=True),
+        SchemeRow("sandwich", Place.SCORES, "biases:Sandwich", even=("d_model",)),
+        SchemeRow("xpos", Place.QUERIES_AND_KEYS, "rope:XPos", rotary=True, even=("head_dim",)),
+        SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True, reads_positions=False),
+        SchemeRow(
+            "cope",
+            Place.SCORES,
+            "content:CoPE",
+            learned_bias=True,
+            flex=False,
+            reads_positions=False,
+        ),
+        SchemeRow("none", Place.NOTHING, "base:NoPosition", reads_positions=False),
+    )
 }
-"""Every ``model.position`` and where it acts (notes, "Causal masks restrict access; position
-signals describe location"): on the embeddings (added to ``E[w]``, below every layer at once),
-on the queries and keys (rotated), on the scores (a bias added to ``S``), or nowhere."""
+"""Every ``model.position``, one row each: the one table of position schemes. A new scheme is
+its class and its row here; every list below, the config's checks, the model's registry
+(``lm.model.position.SCHEME_CLASSES``) and the docs' tables are read from it (tests hold
+``configs/default.yaml``'s comment, ``docs/positions.md`` and ``ModelConfig.position``'s
+docstring to it)."""
 
-POSITIONS = tuple(SCHEME_PLACES)
+POSITIONS = tuple(SCHEMES)
+SCORE_BIASES = tuple(n for n, row in SCHEMES.items() if row.place is Place.SCORES)
+LEARNED_BIASES = tuple(n for n, row in SCHEMES.items() if row.learned_bias)
+NO_FLEX = tuple(n for n, row in SCHEMES.items() if not row.flex)
+ROTARY = tuple(n for n, row in SCHEMES.items() if row.rotary)
+EMBEDDED = tuple(n for n, row in SCHEMES.items() if row.place is Place.EMBEDDINGS)
+NO_POSITIONS = tuple(n for n, row in SCHEMES.items() if not row.reads_positions)
+"""The schemes that read no token positions, so that ``model.random_positions`` has nothing to
+change."""
 
-LEARNED_BIASES = ("t5", "kerple", "fire", "fox", "cope")
-"""The schemes whose score bias has learned parameters, so that training takes its gradient
-through the attention kernel (``lm.model.plan`` picks the kernel for it)."""
-
-ROTARY = ("rope", "xpos")
-"""The schemes that rotate queries and keys by RoPE's angles, and read RoPE's keys."""
-
-NO_FLEX = ("cope",)
-"""The schemes whose bias FlexAttention's score function cannot compute: CoPE's positions sum
-gates over keys, where a score function sees one query-key pair at a time."""
+XPOS_REACH = 64
+"""xPos's positions stay below ``XPOS_REACH * model.xpos_scale_base``: there its largest key
+scale is ``3.5^64``, about 7e34, a margin under fp32's 3.4e38 for the keys it multiplies."""
 
 NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""

@@ -17,36 +17,28 @@ from lm.config.names import (
     DATA_MODES,
     DEVICES,
     DTYPES,
-    HINTS,
     KERNELS,
-    LETTER_TASKS,
     NO_FLEX,
+    NO_POSITIONS,
     NORMALIZATIONS,
     ON_NONFINITE,
     OPTIMIZERS,
     POSITIONS,
     ROTARY,
     SCHEDULES,
-    SCHEME_PLACES,
+    SCHEMES,
     SPLIT_BY,
-    TASKS,
     VAL_SPLITS,
-    task_of,
-    task_tokens,
+    Place,
 )
+from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
-
-TASK_OWN_KEYS = {
-    "flipflop_ignore": "flipflop",
-    "counting_variables": "counting",
-    "selective_copy_density": "selective_copy",
-    "addition_hints": "addition",
-    "addition_reversed": "addition",
-}
-"""Settings of one generated task each: set for another source, they are an error."""
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
+
+
+WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # SchemeRow.even's
 
 
 def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -90,10 +82,10 @@ class ModelConfig:
     d_ff: int | None = None
     """Hidden width of the token-wise MLP; default 4 * d_model."""
     position: str | list[str] = "rope"
-    """Position scheme: rope | sinusoidal | learned | alibi | t5 | kerple | fire | none; or one
-    per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
-    rope, rope, none, ...]: no position every fourth layer). sinusoidal and learned add to the
-    embeddings, below every layer at once: never per layer."""
+    """Position scheme, one of "Position schemes" below (their rows in lm/config/names.py); or
+    one per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,
+    rope, rope, none, ...]: no position every fourth layer). Schemes that add to the embeddings
+    (sinusoidal, learned) act below every layer at once: never per layer."""
     scale_embeddings: bool = True
     """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
     which trains far worse (docs/compare.md)."""
@@ -159,6 +151,9 @@ class ModelConfig:
         _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
         _positive(s, self, "rope_base", "norm_eps")
         self._check_position()
+        # Each layer's scheme, n_layer names (a list ending in ... repeated): set once, read by
+        # every forward pass.
+        object.__setattr__(self, "layer_positions", _per_layer(self.position, self.n_layer))
         _choice(s, "kernel", self.kernel, KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -171,28 +166,30 @@ class ModelConfig:
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        rotary = sorted(set(ROTARY) & set(self.layer_positions))
-        if rotary and self.head_dim % 2:
-            raise ConfigError(
-                f"model.position: {rotary[0]} rotates feature pairs, so the head width "
-                f"d_model/n_head={self.head_dim} must be even"
-            )
         if self.position != "sinusoidal" and not self.scale_embeddings:
             raise ConfigError(
-                f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
-                f"{self.position})"
+                f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
             )
-        for name in ("sinusoidal", "sandwich"):  # sin and cos pairs of width d_model
-            if name in self.layer_positions and self.d_model % 2:
-                raise ConfigError(
-                    f"model.position: {name} needs an even d_model, got {self.d_model}"
-                )
+        self._check_widths()
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
         self._check_random_positions_eval()
         self._check_normalize()
         self._check_window()
+        # Each layer's window, n_layer of them (None: every key).
+        object.__setattr__(self, "layer_windows", _per_layer(self.window, self.n_layer))
+
+    def _check_widths(self) -> None:
+        """The widths each scheme splits into pairs (its row's ``even``) are even."""
+        for name in dict.fromkeys(self.layer_positions):
+            for width in SCHEMES[name].even:
+                if getattr(self, width) % 2:
+                    label, value = WIDTHS[width], getattr(self, width)
+                    raise ConfigError(
+                        f"model.position: {name} needs an even {label} (it pairs features): "
+                        f"{label}={value} must be even"
+                    )
 
     def _check_normalize(self) -> None:
         """A normalization that runs with this model's kernel and schemes."""
@@ -264,8 +261,9 @@ class ModelConfig:
                 f"{self.context_length}; training draws a sequence's positions from [0, M), so "
                 "M must be at least the longest sequence"
             )
-        if set(self.layer_positions) == {"none"}:
-            raise ConfigError("model.random_positions: position: none reads no positions")
+        if set(self.layer_positions) <= set(NO_POSITIONS):
+            text = self.position_text  # none, fox or cope: no position is read
+            raise ConfigError(f"model.random_positions: position: {text} reads no positions")
 
     def _check_random_positions_eval(self) -> None:
         if self.random_positions_eval and self.random_positions is None:
@@ -298,7 +296,7 @@ class ModelConfig:
             if name == "...":
                 raise ConfigError(f"model.position: {text}: ... may only end the list")
             _choice("model", "position", name, POSITIONS)
-            if SCHEME_PLACES[name] == "embeddings":
+            if SCHEMES[name].place is Place.EMBEDDINGS:
                 raise ConfigError(
                     f"model.position: {text}: {name} adds to the embeddings, below every layer "
                     f"at once, and cannot be chosen per layer (write position: {name})"
@@ -315,9 +313,8 @@ class ModelConfig:
             )
 
     def _check_scheme_keys(self) -> None:
-        """T5's and FIRE's keys, each within its range. Like ``rope_base``, they are read only by
-        a model that uses their scheme, so that one config can hold them for a sweep over
-        ``model.position``."""
+        """Each scheme's keys within its range; read only by a model that uses their scheme (as
+        ``rope_base``), so that one config can hold them for a sweep over ``model.position``."""
         _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
@@ -368,11 +365,6 @@ class ModelConfig:
         return self.d_model // self.n_head
 
     @property
-    def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window, ``n_layer`` of them (None: every key)."""
-        return _per_layer(self.window, self.n_layer)
-
-    @property
     def cope_positions(self) -> int:
         """How many position embeddings CoPE has."""
         return self.cope_max or self.context_length + 1
@@ -381,11 +373,6 @@ class ModelConfig:
     def rope_kept_pairs(self) -> int:
         """How many of each head's fastest pairs p-RoPE rotates (all, by default)."""
         return round(self.rope_p * self.head_dim / 2)
-
-    @property
-    def layer_positions(self) -> tuple[str, ...]:
-        """Each layer's position scheme, ``n_layer`` names (a list ending in ``...`` repeated)."""
-        return _per_layer(self.position, self.n_layer)
 
     @property
     def position_range(self) -> int:
@@ -504,73 +491,13 @@ class DataConfig:
         self._check_task()
 
     def _check_task(self) -> None:
-        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        """A builtin: that exists; a task's own keys set only for a task, each within range
+        (:mod:`lm.config.tasks`)."""
         source = self.source.strip()
         if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
             known = ", ".join(f"builtin:{b}" for b in BUILTINS)
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
-        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
-        task = task_of(source)
-        for key, owner in TASK_OWN_KEYS.items():
-            if task != owner and getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
-        if task is None:
-            for key in keys:
-                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
-                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
-            return
-        self._check_task_settings()
-        _positive("data", self, "task_eval_examples")
-        if self.task_examples < 2:
-            raise ConfigError(
-                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
-                "validate on)"
-            )
-        for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
-            self._check_task_lengths(task, key, lengths)
-
-    def _check_task_settings(self) -> None:
-        if not 0.0 <= self.flipflop_ignore < 1.0:
-            raise ConfigError(
-                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
-                f"got {self.flipflop_ignore!r}"
-            )
-        if self.counting_variables not in (1, 2, 3):
-            raise ConfigError(
-                f"data.counting_variables: {shown(self.counting_variables)} is not 1, 2 or 3 "
-                "(the variables x, y, z)"
-            )
-        if not 0.0 < self.selective_copy_density <= 1.0:
-            raise ConfigError(
-                "data.selective_copy_density: must be in (0, 1] (the share of positions to "
-                f"copy), got {self.selective_copy_density!r}"
-            )
-
-    def _check_task_lengths(self, task: str, key: str, lengths: range) -> None:
-        """Lengths a task can be written at: flip-flop's two instructions, indexing's two
-        letters, 26 letters of distinct keys or indexed letters, 26 index hints."""
-        text = getattr(self, key)
-        if task == "flipflop" and lengths[0] < 2:
-            raise ConfigError(
-                f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
-                f"then a read), got {text!r}"
-            )
-        if task == "indexing" and lengths[0] < 2:
-            raise ConfigError(
-                f"data.{key}: indexing needs at least 2 letters (one to find, one to answer), "
-                f"got {text!r}"
-            )
-        if task in LETTER_TASKS and lengths[-1] > 26:
-            raise ConfigError(
-                f"data.{key}: {task} at length {lengths[-1]} needs that many distinct "
-                f"{LETTER_TASKS[task]} and there are 26 letters; at most 26"
-            )
-        if task == "addition" and self.addition_hints and lengths[-1] + 1 > HINTS:
-            raise ConfigError(
-                f"data.{key}: addition at length {lengths[-1]} writes sums of {lengths[-1] + 1} "
-                f"digits and data.addition_hints has {HINTS} hints (a-z); at most {HINTS - 1}"
-            )
+        check_task(self, DataConfig.__dataclass_fields__)
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""
@@ -747,19 +674,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        task = task_of(self.data.source)
-        if task is None:
-            return
-        C = self.model.context_length
-        keys = ("task_lengths", "task_eval_lengths")
-        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
-            longest = task_tokens(task, lengths[-1], self.data.addition_hints)
-            if longest - 1 > C:  # its inputs: every token but the last target
-                raise ConfigError(
-                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
-                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
-                    "context or shorten the lengths"
-                )
+        check_task_fits(self.data, self.model.context_length)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -45,7 +45,8 @@ import numpy as np
 
 from lm.config.errors import DataError
 from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
-from lm.config.sections import TASK_OWN_KEYS, DataConfig
+from lm.config.sections import DataConfig
+from lm.config.tasks import TASK_OWN_KEYS
 from lm.data.tasks import TaskSettings, alphabet, training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
 from lm.runtime.choices import cache_dir
@@ -188,11 +189,34 @@ def _prepare_data(
     data = PreparedData(tokenizer, train, val, folder)
     for name, split in (("train", data.train), ("val", data.val)):
         log(f"data: {name} {split.n_tokens:,} tokens in {split.n_docs:,} documents")
+    given = tokenizer_path or (cfg.tokenizer if cfg.tokenizer not in BUILTIN_TOKENIZERS else None)
+    if tokenizer.unk_id is not None and given is not None:  # not trained on this text
+        _refuse_mostly_unknown(data, given)
     if tokenizer.unk_id is not None:
         unknown = int(np.count_nonzero(data.val.tokens == tokenizer.unk_id))
         if unknown:
             log(f"data: {unknown:,} validation characters are not in the vocabulary (now <unk>)")
     return data
+
+
+MOSTLY_UNKNOWN = 0.5
+"""The share of a training split's characters outside a given vocabulary above which a run on
+it would train on little but ``<unk>``, and is refused."""
+
+
+def _refuse_mostly_unknown(data: PreparedData, tokenizer_path: str | Path) -> None:
+    """A tokenizer not trained on this text (``--init-from`` another task's run, or
+    ``data.tokenizer`` a file) that knows too few of its characters is refused in one line."""
+    tokens = data.train.tokens
+    if not len(tokens):
+        return
+    share = int(np.count_nonzero(tokens == data.tokenizer.unk_id)) / len(tokens)
+    if share > MOSTLY_UNKNOWN:
+        raise DataError(
+            f"data: {share:.0%} of the training split's characters are not in the vocabulary of "
+            f"{tokenizer_path} and would all train as <unk>: its weights and tokenizer know "
+            "other symbols (start this data from a run trained on text like it)"
+        )
 
 
 def _silent(message: str) -> None:

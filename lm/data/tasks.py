@@ -260,7 +260,7 @@ def _selective_copy(
 ) -> tuple[str, str]:
     """``length`` positions, ``round(density * length)`` of them (at least one) holding a symbol
     ``a``-``j`` and the rest blank (``.``); the answer is the symbols in order:
-    ``.c..a.b.=cab``. Gu & Dao 2023 (Mamba, section 3.1) scatter a few tokens among noise; the
+    ``.c..a.b.=cab``. Gu & Dao 2023 (Mamba) scatter a few tokens among noise; the
     CoPE paper asks it at the trained density and at denser and sparser ones
     (:data:`SELECTIVE_COPY_SPLITS`). Here the count of symbols is fixed by the density and the
     length, so that a split changes it and nothing else."""
@@ -303,8 +303,8 @@ def _mqar(length: int, rng: np.random.Generator, settings: TaskSettings) -> tupl
 
 def _indexing(length: int, rng: np.random.Generator, settings: TaskSettings) -> tuple[str, str]:
     """``length`` >= 2 distinct letters, then one of them and a signed offset; the answer is the
-    letter that far from it: ``qdkzwe|z-2=`` -> ``d``. The PoPE paper's indirect indexing
-    (section 4.1): finding the source letter is a match on content alone, stepping from it a
+    letter that far from it: ``qdkzwe|z-2=`` -> ``d``. The PoPE paper's indirect indexing:
+    finding the source letter is a match on content alone, stepping from it a
     match on position alone, which RoPE entangles. The source and the target are two different
     places drawn uniformly, so offsets run from ``-(length - 1)`` to ``length - 1``."""
     letters = [LETTERS[i] for i in rng.choice(len(LETTERS), size=length, replace=False)]

@@ -4,29 +4,29 @@ causal mask, multiple heads):
     Q = X W_Q^T,  K = X W_K^T,  V = X W_V^T,   S = Q K^T / sqrt(d_k),
     Y_h = softmax_row(S + M) V  per head,      Y = Concat(Y_1, ..., Y_b) W_O^T
 
-Rows are queries, columns are keys. The position scheme enters through this layer's part
+Rows are queries, columns are keys. The position scheme enters through this layer's scheme
 (:mod:`lm.model.position`), which may rotate queries and keys or add a bias ``B`` to the scores
-(``S + B + M``), and the normalization through its own (:mod:`lm.model.normalize`); this module
-never asks which they are. The mask ``M`` (with a layer's sliding window) and the kernel are
-decided once per forward pass (:mod:`lm.model.plan`); :func:`attend` runs that kernel: the notes'
-formula written out (:func:`lm.model.kernels.attention`), SDPA, FlexAttention, or stick-breaking
-in place of the softmax.
+(``S + B + M``), and SSMax through its scale of the queries (:mod:`lm.model.normalize`); this
+module never asks which scheme it holds, only where it acts. The mask ``M`` (with a layer's
+sliding window) and the kernel are decided once per forward pass (:mod:`lm.model.plan`);
+:func:`attend` runs that kernel: the notes' formula written out
+(:func:`lm.model.kernels.attention`), SDPA, FlexAttention, or stick-breaking in place of the
+softmax.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
-from lm.model.kernels import attention, flex, softmax_rows, stick_breaking
-from lm.model.normalize import normalization_part
+from lm.model.kernels import attention, flex, scores, stick_breaking
+from lm.model.normalize import query_scale
 from lm.model.plan import AdditiveMask, Plan
-from lm.model.position import attention_part
+from lm.model.position import attention_scheme
 
 
 class MultiHeadAttention(nn.Module):
@@ -47,21 +47,24 @@ class MultiHeadAttention(nn.Module):
         self.window = config.layer_windows[layer]  # None: every key
         self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # W_O
-        self.position = attention_part(config, layer)
-        self.normalization = normalization_part(config)
+        self.position = attention_scheme(config, layer)
+        self.rotates = self.position.place is Place.QUERIES_AND_KEYS  # its hook: rotate
+        self.biases = self.position.place is Place.SCORES  # its hook: score_bias
+        self.normalization = query_scale(config)  # SSMax's; None: the kernel's softmax alone
 
     def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
         """Self-attention of ``x [B, T, d]`` as ``plan`` places and masks it, ``[B, T, d]``.
         With ``cache``, the new keys and values join those of the earlier tokens."""
         plan = plan.at_window(self.window)  # the keys this layer may read
         q, k, v = self.project(x)  # (B, H, T, d_k) each
-        q, k = self.position.rotate(q, k, plan)
+        if self.rotates:
+            q, k = self.position.rotate(q, k, plan)
         if cache is not None:  # every slot's keys and values, (B, H, capacity, d_k)
             k, v = cache.store(self.layer, k, v)
-        added = self.position.additive_mask(plan, x, q, k, cache)  # M + B; None: M alone
-        q = self.normalization.scale(q, plan)  # SSMax's s_h log n; the notes' softmax: q
-        dropout = self.dropout if self.training else 0.0
-        y = attend(q, k, v, plan, added, dropout)  # (B, H, T, d_k)
+        bias = self.position.score_bias(plan, x, q, k, cache) if self.biases else None  # M + B
+        if self.normalization is not None:
+            q = self.normalization.scale(q, plan)  # SSMax's s_h log n
+        y = attend(q, k, v, plan, bias, self.dropout if self.training else 0.0)  # (B, H, T, d_k)
         return self.out(y.transpose(1, 2).flatten(2))  # heads concatenated, then W_O
 
     def project(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -70,48 +73,25 @@ class MultiHeadAttention(nn.Module):
         qkv = self.qkv(x).unflatten(-1, (3, self.n_head, self.head_dim))  # (B, T, 3, H, d_k)
         return list(qkv.permute(2, 0, 3, 1, 4).unbind(0))
 
-    def scores_and_weights(self, x: torch.Tensor, plan: Plan) -> tuple[torch.Tensor, ...]:
-        """The normalization's input ``S + B + M`` and its weights ``A``, ``[B, H, T, T]`` each:
-        what the attention pictures show, for a ``math`` or ``stick_breaking`` plan."""
-        plan = plan.at_window(self.window)
-        q, k, v = self.project(x)
-        q, k = self.position.rotate(q, k, plan)
-        added = self.position.additive_mask(plan, x, q, k)  # holds M's -inf too
-        q = self.normalization.scale(q, plan)
-        mask = plan.mask if added is None else added
-        s = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # S: (B, H, T, T)
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
-        if plan.no_keys is not None:  # a query with no key to read: every score blocked
-            s = s.masked_fill(plan.no_keys, float("-inf"))
-        if plan.kernel == "stick_breaking":
-            weights = stick_breaking(q, k, v, mask)[1]
-            weights = weights if plan.no_keys is None else weights.masked_fill(plan.no_keys, 0.0)
-        else:
-            weights = softmax_rows(s)  # all zero where every score is blocked
-        return s, weights
 
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    plan: Plan,
-    added: AdditiveMask | None = None,
-    dropout: float = 0.0,
-) -> torch.Tensor:
+def attend(q, k, v, plan: Plan, bias: AdditiveMask | None = None, dropout: float = 0.0):
     """``Y = softmax(S + M) V`` ``[B, H, Lq, d_v]`` by the plan's kernel, for q ``[B, H, Lq,
-    d_k]`` and k, v ``[B, H, Lk, d]``. ``added`` is a layer's ``M + B`` in the form the plan made
+    d_k]`` and k, v ``[B, H, Lk, d]``. ``bias`` is a layer's ``M + B`` in the form the plan made
     it (a float tensor, or a score function for FlexAttention); dropout acts on ``A``."""
+    mask = plan.mask if bias is None else bias
     if plan.kernel == "flex":
-        y = flex(q, k, v, score_mod=added, block_mask=plan.mask)
+        y = flex(q, k, v, score_mod=bias, block_mask=plan.mask)
     elif plan.kernel in ("math", "stick_breaking"):  # the notes' formula, written out
-        normalized = attention if plan.kernel == "math" else stick_breaking
-        y, weights = normalized(q, k, v, plan.mask if added is None else added)
+        y, weights = (attention if plan.kernel == "math" else stick_breaking)(q, k, v, mask)
         if dropout:
             y = F.dropout(weights, dropout) @ v
+        if plan.weights is not None:  # kept for the pictures; a query reading no key has none
+            s = scores(q, k, mask)
+            if plan.no_keys is not None:
+                s = s.masked_fill(plan.no_keys, float("-inf"))
+                weights = weights.masked_fill(plan.no_keys, 0.0)
+            plan.weights.append((s, weights))
     else:
-        mask = plan.mask if added is None else added
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=plan.is_causal
         )

@@ -2,8 +2,19 @@
 formula written out (:func:`attention`, with :func:`softmax_rows`); PyTorch's fused SDPA, whose
 mask-free causal path is flash attention on GPUs; and FlexAttention, which takes the mask as a
 block mask (wholly blocked blocks are skipped) and a score bias as a function of (batch, head,
-query, key), so no ``T x T`` tensor exists. Which one runs is decided once per forward pass
-(``model.kernel``, :mod:`lm.model.plan`); ``lm.model.attention.attend`` calls it.
+query, key), so no ``T x T`` tensor exists. ``lm.model.attention.attend`` calls the one that
+runs, decided once per forward pass (:func:`choose_kernel`, called by :mod:`lm.model.plan`).
+
+Which kernel runs. ``model.kernel: math`` runs the notes' formula; ``model.normalize:
+stick_breaking`` runs its own formula, written out, whatever the kernel. FlexAttention needs no
+KV cache, no attention dropout, a scheme it can compute (its row's ``flex``), and a backward pass
+where gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a score bias in a
+model compiled for a GPU (on CPU it measured no faster: docs/performance.md, "Masked
+attention"). On CPU, the gradient of a learned bias (its row's ``learned_bias``) goes through
+the notes' formula: SDPA then runs PyTorch's own math path, whose softmax backward sums in parts
+that depend on the thread count, so a run's numbers would too (:func:`softmax_rows` sums each
+row whole). ``auto``, which ``lm train`` resolves before it builds a model, runs as ``sdpa``
+wherever a model is built with it unresolved.
 """
 
 from __future__ import annotations
@@ -13,6 +24,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from lm.config.names import LEARNED_BIASES, NO_FLEX
+from lm.config.sections import ModelConfig
 
 try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
     from torch.nn.attention.flex_attention import flex_attention
@@ -34,22 +48,22 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
     return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
+def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``S + M``, ``S = Q K^T / sqrt(d_k)``: q ``[..., Lq, d_k]``, k ``[..., Lk, d_k]``; ``mask``
+    additive (float: the notes' ``M``, a position bias added) or boolean (True = may attend),
+    broadcastable to ``[..., Lq, Lk]``."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S: (..., Lq, Lk)
+    if mask is None:
+        return s
+    return s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+
+
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention, written out: returns ``(Y, A)``.
-
-    q ``[..., Lq, d_k]``, k ``[..., Lk, d_k]``, v ``[..., Lk, d_v]``; ``mask`` additive (float:
-    the notes' ``M``, a position bias added) or boolean (True = may attend), broadcastable to
-    ``[..., Lq, Lk]``.
-    """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S: (..., Lq, Lk)
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask
-    weights = softmax_rows(scores)  # A
+    """Scaled dot-product attention, written out: returns ``(Y, A)``, ``A = softmax_row(S +
+    M)`` (:func:`scores`; v ``[..., Lk, d_v]``)."""
+    weights = softmax_rows(scores(q, k, mask))  # A
     return weights @ v, weights
 
 
@@ -73,6 +87,20 @@ def stick_breaking(
     after = leave.flip(-1).cumsum(dim=-1).flip(-1) - leave  # sum over the keys after each one
     weights = torch.exp(take + after)
     return weights @ v, weights
+
+
+def choose_kernel(setting: str, config: ModelConfig, device, masked: bool, cache, training) -> str:
+    """The kernel of a forward pass (``masked``: a mask or a score bias) for ``model.kernel``
+    ``setting``: sdpa | flex | math, or stick_breaking (module docstring, "Which kernel runs")."""
+    schemes, grad, cpu = set(config.layer_positions), torch.is_grad_enabled(), device.type == "cpu"
+    if config.normalize == "stick_breaking":
+        return "stick_breaking"
+    if setting == "math" or (cpu and grad and not schemes.isdisjoint(LEARNED_BIASES)):
+        return "math"
+    compiled_gpu = device.type == "cuda" and torch.compiler.is_compiling()
+    flex = (setting == "flex" or (masked and compiled_gpu)) and FLEX_AVAILABLE and cache is None
+    flex = flex and schemes.isdisjoint(NO_FLEX) and not (training and config.dropout)
+    return "flex" if flex and (flex_backward(device) or not grad) else "sdpa"
 
 
 def flex_backward(device: torch.device) -> bool:

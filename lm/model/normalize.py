@@ -3,8 +3,8 @@
 The notes' ``softmax_row(S + M)``; Scalable-Softmax, which scales each query's scores by the
 log of how many keys it reads, so that attention does not flatten as the context grows; and
 stick-breaking, which replaces the softmax (:func:`lm.model.kernels.stick_breaking`, chosen as
-the plan's kernel). Each attention layer holds one part and calls its one hook, :meth:`scale`,
-without asking which it is.
+the plan's kernel). The softmax and stick-breaking are the kernel's; only SSMax adds a step, on
+the queries, which an attention layer holding it takes (:meth:`SSMax.scale`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,7 @@ from lm.config.sections import ModelConfig
 from lm.model.plan import Plan
 
 
-class Normalization(nn.Module):
-    """The notes' softmax (and stick-breaking, whose weights the kernel computes): the queries
-    go to the kernel as they are."""
-
-    def scale(self, q: torch.Tensor, plan: Plan) -> torch.Tensor:
-        """Queries ``[B, H, T, d_k]`` as the normalization wants their scores scaled."""
-        return q
-
-
-class SSMax(Normalization):
+class SSMax(nn.Module):
     """Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention", arXiv
     2501.19399, eq. 2): ``A_l = softmax(s_h log(n_l) S_l + M_l)``, where ``n_l`` is the number of
     keys query l reads and ``s_h`` a learned scalar per head and layer, starting at the paper's
@@ -37,10 +28,12 @@ class SSMax(Normalization):
         self.s = nn.Parameter(torch.full((config.n_head,), 0.43))
 
     def scale(self, q: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """Queries ``[B, H, T, d_k]`` times ``s_h log n``."""
         log_n = torch.log(plan.keys_read.to(torch.float32))  # (B|1, 1, T, 1)
         return q * (self.s.view(1, -1, 1, 1) * log_n).to(q.dtype)
 
 
-def normalization_part(config: ModelConfig) -> Normalization:
-    """An attention layer's normalization part."""
-    return SSMax(config) if config.normalize == "ssmax" else Normalization()
+def query_scale(config: ModelConfig) -> SSMax | None:
+    """What an attention layer does to its queries for ``model.normalize``: SSMax's scale, or
+    nothing (None)."""
+    return SSMax(config) if config.normalize == "ssmax" else None

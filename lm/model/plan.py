@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from lm.config.names import LEARNED_BIASES, NO_FLEX, SCHEME_PLACES
+from lm.config.names import SCORE_BIASES
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
-from lm.model.kernels import FLEX_AVAILABLE, flex_backward
+from lm.model.kernels import choose_kernel
 from lm.model.masks import (
     allowed_keys,
     flex_block_mask,
@@ -34,9 +34,6 @@ AdditiveMask = torch.Tensor | Callable
 """``M + B`` as a kernel takes it: a float tensor ``[B|1, H, Lq, Lk]`` (the bias ``B``, -inf
 where the mask ``M`` blocks), or FlexAttention's ``score_mod(score, b, h, q, k)``, which adds
 ``B`` (``M`` is then the block mask)."""
-
-BiasAt = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""A position bias as its paper writes it: ``bias_at(head, query_position, key_position)``."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +68,14 @@ class Plan:
     """RoPE's cos and sin at ``positions``, ``[..., Lq, d_k/2]`` each."""
     shared: dict[tuple[type, int | None], Any] = field(default_factory=dict)
     """What the layers of one scheme share (ALiBi's additive mask, xPos's angles), by the
-    scheme's part class and the layers' window: a hybrid of two such schemes keeps one of
-    each."""
+    scheme's class and the layers' window: a hybrid of two such schemes keeps one of each."""
     window: int | None = None
     """The sliding window of the layers this plan serves (None: every key), :meth:`at_window`."""
     views: dict[int | None, dict[str, Any]] = field(default_factory=dict)
     """``mask``, ``no_keys``, ``is_causal`` and ``keys_read`` for each window of the model."""
+    weights: list | None = None
+    """A list: each attention layer appends its ``(S + M, A)`` ``[B, H, Lq, Lk]`` (kernel math
+    or stick_breaking), what the attention pictures show; None: nothing kept."""
 
     def at_window(self, window: int | None) -> Plan:
         """The plan of the layers whose queries read at most the last ``window`` keys."""
@@ -85,30 +84,18 @@ class Plan:
         return dataclasses.replace(self, window=window, **self.views[window])
 
     def sharing(self, kind: type, value: Any) -> Plan:
-        """This plan with ``value`` shared by every layer whose part is a ``kind`` and whose window
-        is this plan's."""
+        """This plan with ``value`` shared by every layer whose scheme is a ``kind`` and whose
+        window is this plan's."""
         return dataclasses.replace(self, shared={**self.shared, (kind, self.window): value})
 
     def shared_by(self, kind: type) -> Any:
         """What :meth:`sharing` holds for ``kind`` at this plan's window."""
         return self.shared[(kind, self.window)]
 
-    def additive_mask(self, bias_at: BiasAt) -> AdditiveMask:
-        """``M + B`` for the bias ``bias_at`` in the form the kernel takes: a FlexAttention score
-        function, or a float tensor ``[B|1, H, Lq, Lk]`` computed in fp32 and then cast."""
-        Lq, Lk = self.positions.shape[-1], self.key_positions.shape[-1]
-        if self.kernel == "flex":
-            pos = self.positions.view(-1, Lq).expand(self.batch, -1)  # (B, Lq)
-            key_pos = self.key_positions.view(-1, Lk).expand(self.batch, -1)  # (B, Lk)
-
-            def score_mod(s, b, h, q, k):
-                return s + bias_at(h, pos[b, q], key_pos[b, k])
-
-            return score_mod
-        head = torch.arange(self.heads, device=self.positions.device).view(1, -1, 1, 1)
-        q = self.positions.view(-1, 1, Lq, 1)  # (B|1, 1, Lq, 1)
-        k = self.key_positions.view(-1, 1, 1, Lk)
-        bias = bias_at(head, q, k).to(self.dtype)  # (B|1, H, Lq, Lk)
+    def masked(self, bias: torch.Tensor) -> torch.Tensor:
+        """``M + B`` as a float tensor, for a score bias ``B`` ``[B|1, H, Lq, Lk]``: in the
+        scores' dtype, -inf where the mask ``M`` blocks."""
+        bias = bias.to(self.dtype)
         return bias if self.mask is None else bias.masked_fill(~self.mask, float("-inf"))
 
 
@@ -124,105 +111,79 @@ def build_plan(
     kernel: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Plan:
-    """The plan of a forward pass over ``input_ids [B, T]``: ``key_mask [B, T]`` (True = real
-    token), ``segments [B, T]`` (each token's document: attention stays inside it and positions
-    restart), ``cache`` a :class:`KVCache` whose newest slots these tokens took
-    (``cache.extend``, before); ``kernel`` replaces ``config.kernel``; ``causal=False`` lets
-    every query read every key. In training with ``model.random_positions`` (and with
-    ``model.random_positions_eval`` in every pass without a cache), positions are drawn at
-    random (:func:`lm.model.masks.random_positions`). Reads the cache, never moves it.
-    """
-    T, device = input_ids.shape[1], input_ids.device
-    first = cache.start if cache is not None else 0  # the new tokens' first slot
-    limit = first + T
-    if cache is not None:
-        dense = cache.positions  # (B, T), each row counting on from its own real tokens
-        key_mask, dense_keys = cache.key_mask, cache.key_positions  # (B, capacity) each
+    """The plan of a pass over ``input_ids [B, T]``, ``key_mask [B, T]`` (True = real token),
+    ``segments [B, T]`` (each token's document) and ``cache`` (whose newest slots these tokens
+    took); ``kernel`` replaces ``config.kernel``; ``causal=False``: every query reads every key.
+    Positions are drawn at random (``model.random_positions``) in training, and with
+    ``model.random_positions_eval`` in every pass without a cache."""
+    (B, T), device = input_ids.shape, input_ids.device
+    first = 0  # the new tokens' first slot
+    if cache is not None:  # each row counting on from its own real tokens
+        first, dense, dense_keys = cache.start, cache.positions, cache.key_positions
+        key_mask = cache.key_mask  # (B, capacity)
+        causal = causal and T > 1  # one new query: the filled slots are what it may read
+    elif segments is not None:
+        dense = dense_keys = positions_from_segments(segments)
+    elif key_mask is not None:
+        dense = dense_keys = positions_from_mask(key_mask)
     else:
-        if segments is not None:
-            dense = positions_from_segments(segments)
-        elif key_mask is not None:
-            dense = positions_from_mask(key_mask)
-        else:
-            dense = torch.arange(T, device=device)
-        dense_keys = dense
-    positions, key_positions = dense, dense_keys  # what a scheme reads; windows read dense ones
+        dense = dense_keys = torch.arange(T, device=device)
+    positions, key_positions, limit = dense, dense_keys, first + T  # windows read dense ones
     drawn = training or config.random_positions_eval  # Ruoss et al.'s code draws at every call
-    if cache is None and drawn and config.random_positions is not None:
-        limit = config.random_positions
-        B = input_ids.shape[0]
+    if drawn and cache is None and config.random_positions is not None:
+        limit = config.random_positions  # (lm.model.masks.random_positions)
         positions = key_positions = random_positions(B, T, limit, key_mask, segments, device)
-    # One new query with a cache: the filled slots are exactly what it may read.
-    causal = causal and (cache is None or T > 1)
-    windows = sorted(set(config.layer_windows), key=lambda w: -1 if w is None else w)
+    windows = sorted(set(config.layer_windows) - {None})
+    windows = [None, *windows] if None in config.layer_windows else windows
     masked = key_mask is not None or segments is not None or windows != [None]
-    biased = any(SCHEME_PLACES[name] == "scores" for name in config.layer_positions)
-    learned = not set(config.layer_positions).isdisjoint(LEARNED_BIASES)
-    flexless = not set(config.layer_positions).isdisjoint(NO_FLEX)
-    dropout = config.dropout if training else 0.0
-    if config.normalize == "stick_breaking":  # its own formula, written out, whatever the kernel
-        chosen = "stick_breaking"
-    else:
-        setting = kernel or config.kernel
-        chosen = _kernel(setting, device, masked or biased, learned, flexless, cache, dropout)
+    biased = not set(config.layer_positions).isdisjoint(SCORE_BIASES)
+    chosen = choose_kernel(
+        kernel or config.kernel, config, device, masked or biased, cache, training
+    )
     if torch.is_autocast_enabled(device.type):
         dtype = torch.get_autocast_dtype(device.type)
     views = {}
     for window in windows:  # what each window's layers read: a mask in the kernel's form
-        if chosen == "flex":
-            mask = flex_block_mask(key_mask, segments, causal, T, device, window, dense)
-            view = dict(is_causal=False, mask=mask, no_keys=None)
-        elif chosen == "sdpa" and causal and not (masked or biased):
-            view = dict(is_causal=True, mask=None, no_keys=None)
+        if chosen == "sdpa" and causal and not (masked or biased):  # SDPA's own causal path
+            views[window] = dict(is_causal=True, mask=None, no_keys=None)
         else:
-            Lk = dense_keys.shape[-1]
-            mask, no_keys = allowed_keys(
-                key_mask, segments, causal, T, Lk, first, device, window, dense, dense_keys
+            views[window] = mask_view(
+                chosen, causal, key_mask, segments, first, dense, dense_keys, window
             )
-            view = dict(is_causal=False, mask=mask, no_keys=no_keys)
-        if config.normalize == "ssmax":  # n: the real keys up to the query, within the window
-            read = (dense + 1) if causal or cache is not None else dense.new_full(dense.shape, T)
-            read = read if window is None else read.clamp(max=window)
-            view["keys_read"] = read.view(-1, 1, T, 1)
-        views[window] = view
-    return Plan(
-        positions=positions,
-        key_positions=key_positions,
-        position_limit=limit,
-        batch=input_ids.shape[0],
-        heads=config.n_head,
-        kernel=chosen,
-        dtype=dtype,
-        window=windows[0],
-        views=views,
-        **views[windows[0]],
+        if config.normalize == "ssmax":
+            views[window]["keys_read"] = keys_read(dense, window, causal or cache is not None)
+    at = dict(window=windows[0], views=views, **views[windows[0]])  # the first window's view
+    return Plan(positions, key_positions, limit, B, config.n_head, chosen, dtype=dtype, **at)
+
+
+def mask_view(
+    kernel: str,
+    causal: bool,
+    key_mask: torch.Tensor | None,
+    segments: torch.Tensor | None,
+    first: int,
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    window: int | None,
+) -> dict[str, Any]:
+    """``mask``, ``no_keys`` and ``is_causal`` of the layers of one window, in ``kernel``'s
+    form: a block mask (flex), or a boolean tensor (:func:`lm.model.masks.allowed_keys`).
+    ``positions`` and ``key_positions`` count real tokens, which a window measures."""
+    T, device = positions.shape[-1], positions.device
+    if kernel == "flex":
+        mask = flex_block_mask(key_mask, segments, causal, T, device, window, positions)
+        return dict(is_causal=False, mask=mask, no_keys=None)
+    Lk = key_positions.shape[-1]
+    mask, no_keys = allowed_keys(
+        key_mask, segments, causal, T, Lk, first, device, window, positions, key_positions
     )
+    return dict(is_causal=False, mask=mask, no_keys=no_keys)
 
 
-def _kernel(
-    setting: str,
-    device: torch.device,
-    needs_mask: bool,
-    learned_bias: bool,
-    flexless: bool,
-    cache: KVCache | None,
-    dropout: float,
-) -> str:
-    """The kernel for this pass. FlexAttention needs no KV cache, no attention dropout, and a
-    backward pass where gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a
-    bias in a model compiled for a GPU (on CPU it measured no faster: docs/performance.md,
-    "Masked attention"). On CPU, the gradient of a learned bias goes through the notes' formula:
-    SDPA then runs PyTorch's own math path, whose softmax backward sums in parts that depend on
-    the thread count, so a run's numbers would too (``softmax_rows`` sums each row whole).
-    ``auto``, which ``lm train`` resolves before it builds a model, runs as ``sdpa`` wherever
-    a model is built with it unresolved."""
-    if setting == "math":
-        return "math"
-    if learned_bias and device.type == "cpu" and torch.is_grad_enabled():
-        return "math"
-    flex = FLEX_AVAILABLE and cache is None and not dropout and not flexless
-    flex = flex and (flex_backward(device) or not torch.is_grad_enabled())
-    compiled_gpu = device.type == "cuda" and torch.compiler.is_compiling()
-    if flex and (setting == "flex" or (needs_mask and compiled_gpu)):
-        return "flex"
-    return "sdpa"
+def keys_read(dense: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
+    """SSMax's n, ``[B|1, 1, T, 1]``: the real keys up to each query (all T without the causal
+    order), within the window."""
+    T = dense.shape[-1]
+    read = (dense + 1) if causal else dense.new_full(dense.shape, T)
+    read = read if window is None else read.clamp(max=window)
+    return read.view(-1, 1, T, 1)

@@ -11,6 +11,7 @@ tokens only, so every real token's logits equal those of its sequence run alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -22,7 +23,7 @@ from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
 from lm.model.plan import Plan, build_plan
-from lm.model.position import embedding_part
+from lm.model.position import embedding_scheme
 
 
 class MLP(nn.Module):
@@ -78,23 +79,23 @@ class TransformerLM(nn.Module):
         self.config = config
         d = config.d_model
         self.embed = nn.Embedding(config.vocab_size, d)  # E
-        self.pos_embed = embedding_part(config)  # adds p_l for the additive schemes
+        self.pos_embed = embedding_scheme(config)  # adds p_l; None: the scheme acts elsewhere
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.norm = LayerNorm(d, eps=config.norm_eps, bias=config.bias)
         self.head = nn.Linear(d, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
-        # What the layers share is prepared by the first part of each kind (T5's holds its table)
-        # for all of its kind, at each window they read: [(part, windows)], a list so that the
-        # layers, not the model, own the parts.
+        # What the layers of a shared scheme read is prepared by its first layer (T5's holds its
+        # table) for all of them, at each window they read: [(scheme, windows)], a list so that
+        # the layers, not the model, own the schemes.
         first: dict[type, tuple] = {}
         for block in self.blocks:
-            part, window = block.attn.position, block.attn.window
-            windows = first.setdefault(type(part), (part, []))[1]
-            if window not in windows:
+            scheme, window = block.attn.position, block.attn.window
+            windows = first.setdefault(type(scheme), (scheme, []))[1]
+            if scheme.shared and window not in windows:
                 windows.append(window)
-        self._sharing = list(first.values())
+        self._shared = [(scheme, windows) for scheme, windows in first.values() if windows]
         self.apply(self._init_weights)
         # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
         # whatever the depth.
@@ -113,7 +114,12 @@ class TransformerLM(nn.Module):
         """Distinct parameters (a tied head counts once); optionally without the embeddings."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.embed.weight.numel() + sum(p.numel() for p in self.pos_embed.parameters())
+            n -= self.embed.weight.numel()
+            n -= (
+                sum(p.numel() for p in self.pos_embed.parameters())
+                if self.pos_embed is not None
+                else 0
+            )
         return n
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -137,18 +143,21 @@ class TransformerLM(nn.Module):
         key_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        plan: Plan | None = None,
     ) -> torch.Tensor:
-        """Logits ``[B, T, vocab]`` for ``input_ids [B, T]``.
-
-        ``key_mask [B, T]`` (True = real token) for padded batches; ``segment_ids [B, T]`` for
-        packed windows holding several documents (attention stays inside each document and
-        positions restart at each); ``cache`` to decode incrementally after earlier calls.
-        """
+        """Logits ``[B, T, vocab]`` for ``input_ids [B, T]``: ``key_mask [B, T]`` (True = real
+        token) for padded batches; ``segment_ids [B, T]`` for packed windows of several
+        documents (attention stays inside each and positions restart); ``cache`` to decode after
+        earlier calls; ``plan`` one :meth:`plan` made for these inputs."""
         if cache is not None:  # the new tokens take the cache's next slots
             real = torch.ones_like(input_ids, dtype=torch.bool) if key_mask is None else key_mask
             cache.extend(real)
-        plan = self.plan(input_ids, key_mask, segment_ids, cache)  # positions, masks: once
-        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))  # E[w_l] + p_l
+        if plan is None:  # positions, masks, what the layers share: once
+            plan = self.plan(input_ids, key_mask, segment_ids, cache)
+        x = self.embed(input_ids)  # E[w_l]: (B, T, d)
+        if self.pos_embed is not None:
+            x = self.pos_embed.embed(x, plan)  # E[w_l] + p_l
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, plan, cache)  # (B, T, d)
         return self.head(self.norm(x))  # (B, T, vocab)
@@ -161,8 +170,8 @@ class TransformerLM(nn.Module):
         cache: KVCache | None = None,
         kernel: str | None = None,
     ) -> Plan:
-        """Where every token sits and which keys each query reads, with what the position
-        scheme shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
+        """Where every token sits and which keys each query reads, with what a position scheme
+        shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
         plan = build_plan(
             self.config,
             input_ids,
@@ -174,9 +183,9 @@ class TransformerLM(nn.Module):
             dtype=self.embed.weight.dtype,
         )
         base = plan.window
-        for part, windows in self._sharing:
+        for scheme, windows in self._shared:
             for window in windows:
-                plan = part.prepare(plan.at_window(window))
+                plan = scheme.prepare(plan.at_window(window))
         return plan.at_window(base)
 
     def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
@@ -193,16 +202,13 @@ class TransformerLM(nn.Module):
         segment_ids: torch.Tensor | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's normalization input ``S + M`` and attention matrix ``A`` (the notes'
-        ``softmax_row(S + M)``, or the model's ``model.normalize``), ``[B, H, T, T]`` each,
-        through the explicit formula: ``(scores, weights)`` per layer; the masks as ``forward``
-        takes them."""
+        ``softmax_row(S + M)``, or the model's ``model.normalize``), ``[B, H, T, T]`` each, as
+        a forward pass through the explicit formula computes them: ``(scores, weights)`` per
+        layer; the masks as ``forward`` takes them."""
         plan = self.plan(input_ids, key_mask, segment_ids, kernel="math")
-        x = self.drop(self.pos_embed.embed(self.embed(input_ids), plan))
-        maps = []
-        for block in self.blocks:
-            maps.append(block.attn.scores_and_weights(block.norm1(x), plan))
-            x = block(x, plan)
-        return maps
+        plan = dataclasses.replace(plan, weights=[])  # each layer appends its own
+        self(input_ids, key_mask, segment_ids, plan=plan)
+        return plan.weights
 
 
 # Logits above this many elements are scored in chunks of rows, so that no fp32 copy of the whole

@@ -1,20 +1,21 @@
 """Position as a bias on the scores, ``A = softmax(S + B + M)``: ALiBi (fixed slopes), T5
-(learned buckets of distance), KERPLE (a learned logarithmic kernel) and FIRE (a learned MLP of
-the normalised distance). Each names its paper and says whether its parameters are shared
-across layers. Each writes its bias as the paper does, ``bias_at(head, query, key)``, and the
-plan puts it in the form the kernel takes (``Plan.additive_mask``)."""
+(learned buckets of distance), KERPLE (a learned logarithmic kernel), FIRE (a learned MLP of
+the normalised distance) and Sandwich (inner products of the notes' sinusoids). Each names its
+paper and says whether its parameters are shared across layers. Each writes its bias as the
+paper does, a plain function ``formula(*parameters, head, query, key)``, and
+:class:`~lm.model.position.base.ScoreBias` puts it in the form the kernel takes."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 from torch import nn
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import AdditiveMask, Plan
-from lm.model.position.base import Scheme
+from lm.model.plan import Plan
+from lm.model.position.base import ScoreBias
+from lm.model.position.embeddings import frequencies
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -36,27 +37,28 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class ALiBi(Scheme):
+def alibi_bias(
+    slopes: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+) -> torch.Tensor:
+    """ALiBi's bias ``-m_h |query - key|`` (``slopes`` ``[H]``)."""
+    return -slopes[head] * (query - key).abs()
+
+
+class ALiBi(ScoreBias):
     """ALiBi (Press et al. 2022, "Train Short, Test Long"): head h adds ``-m_h |l - j|`` to the
     score of query position l and key position j, with fixed slopes ``m_h``. The bias depends on
     positions alone, so it is built once per forward pass and shared by the layers."""
 
     name = "alibi"
+    shared = True
+    formula = staticmethod(alibi_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
-        return -self.slopes[head] * (query - key).abs()
-
-    def prepare(self, plan: Plan) -> Plan:
-        return plan.sharing(ALiBi, plan.additive_mask(self.bias_at))
-
-    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
-        # a bias of positions alone: the layer's content (x, q, k) is not read
-        return plan.shared_by(ALiBi)
+    def arguments(self, plan: Plan) -> tuple:
+        return (self.slopes,)
 
 
 def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
@@ -75,7 +77,26 @@ def t5_bucket(distance: torch.Tensor, buckets: int = 32, max_distance: int = 128
     return torch.where(n < exact, n, far.clamp(max=buckets - 1))
 
 
-class T5(Scheme):
+def t5_bias(
+    table: torch.Tensor,
+    buckets: int,
+    max_distance: int,
+    head: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """T5's bias ``b_head[bucket(query - key)]`` from the learned ``table`` ``[H, buckets]``."""
+    bucket = t5_bucket(query - key, buckets, max_distance)
+    if bucket.dim() == 0:  # FlexAttention's score function: one score at a time
+        return table[head, bucket]
+    # index_select, whose gradient (index_add) sums in one order on any number of threads;
+    # indexing's (index_put with accumulate) sums in parts that depend on the thread count.
+    index = (head * buckets + bucket).reshape(-1)
+    shape = torch.broadcast_shapes(head.shape, bucket.shape)
+    return table.reshape(-1).index_select(0, index).view(shape)
+
+
+class T5(ScoreBias):
     """T5's relative position bias (Raffel et al. 2020, "Exploring the Limits of Transfer
     Learning with a Unified Text-to-Text Transformer", section 2.1): head h adds a learned scalar
     ``b_h[bucket(l - j)]`` to the score of query l and key j, one per bucket of distance
@@ -93,31 +114,18 @@ class T5(Scheme):
     """
 
     name = "t5"
+    shared = True
+    formula = staticmethod(t5_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.buckets, self.max_distance = config.t5_buckets, config.t5_max_distance
         if layer is None or layer == config.layer_positions.index("t5"):
             table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
             self.table = nn.Parameter(table)
 
-    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """``b_head[bucket(query - key)]`` (broadcast together)."""
-        bucket = t5_bucket(query - key, self.buckets, self.max_distance)
-        if bucket.dim() == 0:  # FlexAttention's score function: one score at a time
-            return self.table[head, bucket]
-        # index_select, whose gradient (index_add) sums in one order on any number of threads;
-        # indexing's (index_put with accumulate) sums in parts that depend on the thread count.
-        index = (head * self.buckets + bucket).reshape(-1)
-        shape = torch.broadcast_shapes(head.shape, bucket.shape)
-        return self.table.reshape(-1).index_select(0, index).view(shape)
-
-    def prepare(self, plan: Plan) -> Plan:
-        return plan.sharing(T5, plan.additive_mask(self.bias_at))
-
-    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
-        # a bias of positions alone: the layer's content (x, q, k) is not read
-        return plan.shared_by(T5)
+    def arguments(self, plan: Plan) -> tuple:
+        return self.table, self.buckets, self.max_distance
 
 
 def positive(r: torch.Tensor, floor: float = 0.01) -> torch.Tensor:
@@ -134,13 +142,13 @@ def kerple_log(
     return -r1[head] * torch.log1p(r2[head] * (query - key).abs())
 
 
-class KERPLE(Scheme):
+class KERPLE(ScoreBias):
     """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional
     Embedding for Length Extrapolation", the "log" kernel): head h adds ``-r1_h log(1 + r2_h
     |l - j|)`` to the score of query l and key j, with ``r1_h, r2_h > 0`` learned.
 
     Per layer: each layer has its own ``r1, r2`` (the paper's code builds them in every attention
-    layer), so each layer computes its own bias in ``bias``. The paper's code starts them at
+    layer), so each layer computes its own bias. The paper's code starts them at
     ``U(0, 2)`` and ``U(0, 1)`` and, before every forward pass, clamps them in place to at least
     0.01; lm starts them so and uses ``max(r, 0.01)`` in the formula (the same numbers) with the
     gradient passed on unclamped (:func:`positive`), leaving the parameters untouched inside a
@@ -148,23 +156,17 @@ class KERPLE(Scheme):
     """
 
     name = "kerple"
+    formula = staticmethod(kerple_log)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
         self.r2 = nn.Parameter(torch.rand(config.n_head))
 
-    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
-        return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
-
-    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
-        # a bias of positions alone: the layer's content (x, q, k) is not read
-        # r1, r2 made positive once, outside FlexAttention's score function (which computes
-        # scalars only: no tensor of its own)
-        return plan.additive_mask(
-            functools.partial(kerple_log, positive(self.r1), positive(self.r2))
-        )
+    def arguments(self, plan: Plan) -> tuple:
+        # made positive once, outside FlexAttention's score function (which computes scalars
+        # only: no tensor of its own)
+        return positive(self.r1), positive(self.r2)
 
 
 def fire_bias(
@@ -204,7 +206,7 @@ def along(scalar: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
     return scalar.expand(n) if dim == -1 else scalar.expand(n, 1)
 
 
-class FIRE(Scheme):
+class FIRE(ScoreBias):
     """FIRE (Li et al. 2024, "Functional Interpolation for Relative Positions Improves Long
     Context Transformers"): head h adds ``f_h(psi(i - j) / psi(max(L, i)))`` to the score of
     query position i and key position j, where ``psi(x) = log(c x + 1)`` amplifies short
@@ -222,9 +224,10 @@ class FIRE(Scheme):
     """
 
     name = "fire"
+    formula = staticmethod(fire_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         W, H = config.fire_width, config.n_head
         self.w1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))  # nn.Linear(1, W): fan-in 1
         self.b1 = nn.Parameter(torch.empty(W).uniform_(-1.0, 1.0))
@@ -235,18 +238,10 @@ class FIRE(Scheme):
         self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # s
         self.threshold_init = float(config.fire_threshold)  # L0
 
-    def formula_arguments(self) -> tuple:
+    def arguments(self, plan: Plan) -> tuple:
         """c, L and the MLP as :func:`fire_bias` takes them, computed once per forward pass."""
         threshold = (self.threshold_scale * self.threshold_init).abs()[0]
         return self.c[0], threshold, (self.w1, self.b1, self.w2, self.b2)
-
-    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
-        return fire_bias(*self.formula_arguments(), head, query, key)
-
-    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
-        # a bias of positions alone: the layer's content (x, q, k) is not read
-        return plan.additive_mask(functools.partial(fire_bias, *self.formula_arguments()))
 
 
 def sandwich_table(length: int, d: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -255,11 +250,21 @@ def sandwich_table(length: int, d: int, device: torch.device | str | None = None
     alone, since ``sin a sin b + cos a cos b = cos(a - b)``), minus ``d/2``, its value at distance
     0, so that a key's bias is 0 at the query and falls, with ripples, as it recedes. float64."""
     n = torch.arange(length, device=device, dtype=torch.float64)[:, None]
-    omega = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
-    return torch.cos(n * omega).sum(dim=-1) - d / 2
+    return torch.cos(n * frequencies(d, device=device)).sum(dim=-1) - d / 2
 
 
-class Sandwich(Scheme):
+def sandwich_bias(
+    table: torch.Tensor,
+    scales: torch.Tensor,
+    head: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+) -> torch.Tensor:
+    """Sandwich's bias: :func:`sandwich_table` at the distance, times head ``head``'s scale."""
+    return table[(query - key).clamp(min=0)] * scales[head]  # a key after its query is masked
+
+
+class Sandwich(ScoreBias):
     """Sandwich (Chi et al. 2023, "Dissecting Transformer Length Extrapolation via the Lens of
     Receptive Field Analysis", ACL 2023, arXiv 2212.10356, section 5): the parameter-free bias
     of the inner product of the notes' sinusoids, ``p_l . p_j`` (:func:`sandwich_table`, width
@@ -269,28 +274,16 @@ class Sandwich(Scheme):
     """
 
     name = "sandwich"
+    shared = True
+    formula = staticmethod(sandwich_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.d = config.d_model
         heads = torch.arange(1, config.n_head + 1, dtype=torch.float64)
         self.register_buffer("scales", config.n_head / (8 * heads), persistent=False)
 
-    def bias_at(self, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        """The bias of head(s) ``head`` at query and key positions (broadcast together)."""
-        distance = (query - key).clamp(min=0)  # a key after its query is masked anyway
-        table = sandwich_table(int(distance.max()) + 1, self.d, distance.device)
-        return (table[distance] * self.scales[head]).float()
-
-    def prepare(self, plan: Plan) -> Plan:
+    def arguments(self, plan: Plan) -> tuple:
+        # the table up to the plan's limit: no device read for its length
         table = sandwich_table(plan.position_limit, self.d, plan.positions.device).float()
-        scales = self.scales.float()
-
-        def bias_at(head, query, key):  # the table looked up: no device read for its length
-            return table[(query - key).clamp(min=0)] * scales[head]
-
-        return plan.sharing(Sandwich, plan.additive_mask(bias_at))
-
-    def additive_mask(self, plan: Plan, *content: object) -> AdditiveMask | None:
-        # a bias of positions alone: the layer's content (x, q, k) is not read
-        return plan.shared_by(Sandwich)
+        return table, self.scales.float()

@@ -1,7 +1,7 @@
 """Position as a bias on the scores that depends on the layer's content, not only on where tokens
 sit: FoX's forget gates read each token's input, CoPE's gates read the query-key scores. Both
 count for each query how much lies between it and each key, and both learn what to count.
-They use the ``additive_mask`` hook's ``x``, ``q`` and ``k``."""
+They use the ``score_bias`` hook's ``x``, ``q`` and ``k``."""
 
 from __future__ import annotations
 
@@ -32,22 +32,22 @@ class FoX(Scheme):
     name = "fox"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
-        self.layer = layer or 0
+        super().__init__(config, layer)
+        self.layer = layer or 0  # its slot in a KV cache
         self.gate = nn.Linear(config.d_model, config.n_head, bias=True)
 
     def log_forget(self, x: torch.Tensor) -> torch.Tensor:
         """``log f_t`` of each token and head, ``[B, H, T]``, in fp32."""
         return F.logsigmoid(self.gate(x).float()).transpose(1, 2)
 
-    def additive_mask(
+    def score_bias(
         self,
         plan: Plan,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask | None:
+    ) -> AdditiveMask:
         log_f = self.log_forget(x)  # (B, H, T)
         if cache is not None:
             queries, keys = cache.cumulative(self.layer, log_f)  # (B, H, T), (B, H, slots)
@@ -59,8 +59,7 @@ class FoX(Scheme):
                 return s + queries[b, h, qi] - keys[b, h, kj]
 
             return score_mod
-        bias = (queries[..., :, None] - keys[..., None, :]).to(plan.dtype)  # (B, H, Lq, Lk)
-        return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
+        return plan.masked(queries[..., :, None] - keys[..., None, :])  # (B, H, Lq, Lk)
 
 
 class CoPE(Scheme):
@@ -77,17 +76,17 @@ class CoPE(Scheme):
     name = "cope"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.table = nn.Parameter(torch.zeros(config.head_dim, config.cope_positions))
 
-    def additive_mask(
+    def score_bias(
         self,
         plan: Plan,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask | None:
+    ) -> AdditiveMask:
         root = math.sqrt(q.shape[-1])
         q32 = q.float()
         gates = torch.sigmoid(q32 @ k.float().transpose(-2, -1) / root)  # (B, H, Lq, Lk)
@@ -100,5 +99,4 @@ class CoPE(Scheme):
         high = counted.ceil().long()
         share = counted - low  # differentiable: the interpolation's weight of e[ceil p]
         bias = fixed.gather(-1, high) * share + fixed.gather(-1, low) * (1 - share)
-        bias = (bias / root).to(plan.dtype)
-        return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
+        return plan.masked(bias / root)

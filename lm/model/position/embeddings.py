@@ -15,6 +15,14 @@ from lm.model.plan import Plan
 from lm.model.position.base import PositionOutOfRange, Scheme
 
 
+def frequencies(
+    d: int, base: float = 10000.0, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The notes' frequencies ``w_i = base^(-2i/d)``, ``i = 0 .. d/2 - 1``, float64: the
+    sinusoids' (and Sandwich's, the inner products of them), and RoPE's ``theta_i``."""
+    return base ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+
+
 def sinusoidal_table(
     length: int,
     d: int,
@@ -26,8 +34,7 @@ def sinusoidal_table(
     if d % 2:
         raise ValueError(f"sinusoidal_table needs an even width, got d={d}")
     positions = torch.arange(length, device=device, dtype=torch.float64)[:, None]  # (L, 1)
-    omega = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)  # (d/2,)
-    angles = positions * omega  # (L, d/2): column i is l * w_i
+    angles = positions * frequencies(d, device=device)  # (L, d/2): column i is l * w_i
     table = torch.empty(length, d, device=device, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles)
@@ -45,7 +52,7 @@ class Sinusoidal(Scheme):
     name = "sinusoidal"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.d = config.d_model
         self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
         self.register_buffer("table", sinusoidal_table(config.position_range, self.d), False)

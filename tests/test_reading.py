@@ -1,0 +1,75 @@
+"""The code a student reads stays readable: one forward pass of the default model (RoPE, packed
+windows, no cache) runs through few ``lm`` functions, lines and files, as counted by
+``sys.settrace``; and no function in ``lm/`` is over 80 lines (argparse's table aside)."""
+
+import ast
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+import lm
+from lm.config.sections import ModelConfig
+from lm.model.transformer import TransformerLM
+
+ROOT = Path(__file__).resolve().parent.parent
+LM = str(Path(lm.__file__).parent)
+
+
+def forward_reading() -> tuple[set, int, set]:
+    """The ``lm`` functions one training-mode forward of the default model enters (each code
+    object once, comprehensions and lambdas included), the lines of their source
+    (``inspect.getsourcelines``, docstrings and comments included) and their files."""
+    settings = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["model"]
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=96, **settings)).train()
+    ids = torch.randint(0, 96, (2, settings["context_length"]))
+    model(ids)  # anything done once per process (imports, caches) is not the forward's
+    entered = {}
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename.startswith(LM):
+            entered[frame.f_code] = None
+        return None
+
+    sys.settrace(trace)
+    try:
+        model(ids)
+    finally:
+        sys.settrace(None)
+    lines = sum(len(inspect.getsourcelines(code)[0]) for code in entered)
+    return set(entered), lines, {code.co_filename for code in entered}
+
+
+def test_one_forward_of_the_default_model_reads_in_one_sitting():
+    functions, lines, files = forward_reading()
+    names = sorted(f"{Path(c.co_filename).name}:{c.co_qualname}" for c in functions)
+    assert len(functions) <= 14, names
+    assert lines <= 200, (lines, names)
+    assert len(files) <= 6, sorted(files)
+
+
+def test_no_function_in_lm_is_over_80_lines():
+    long = []
+    for path in sorted((ROOT / "lm").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 80 and (path.name, node.name) != ("cli.py", "build_parser"):
+                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({length} lines)")
+    assert long == []
+
+
+def test_the_performance_page_states_todays_figures_not_a_log():
+    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    assert len(re.findall(r"\b20\d\d-\d\d-\d\d\b", text)) <= 5  # each sitting's date, once
+
+
+def test_the_readme_names_no_commit_and_no_test_count():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text)
+    assert not re.findall(r"\b\d[\d,]* tests\b", text)
