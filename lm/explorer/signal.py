@@ -146,7 +146,7 @@ def undrawn(model: TransformerLM) -> str:
     function of distance; a scheme this page does not know yet is named."""
     names = dict.fromkeys(model.config.layer_positions)
     known = {*ROTARY, "sinusoidal", "none", "learned"}
-    new = [n for n in names if n not in known and SCHEME_PLACES[n] != "scores"]
+    new = [n for n in names if n not in known and n not in SCORE_BIASES]
     if new:
         return f"{', '.join(new)}: its signal against distance is not drawn on this page yet"
     if names.keys() & {"none", "learned"}:
