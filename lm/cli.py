@@ -18,6 +18,7 @@ from lm import __version__
 from lm.config.errors import LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
+from lm.explorer.flags import add_view_parser, view_command
 from lm.runtime.launch import every_rank_meets, launched_rank
 
 LINGER_S = 5.0
@@ -86,16 +87,6 @@ def positive_int(text: str) -> int:
         return whole_number(text, 1)
     except LMError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
-    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -302,28 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
-    v = sub.add_parser(
-        "view",
-        help="one self-contained HTML page of a run's attention and position signal, or of a "
-        "comparison's runs side by side; --serve recomputes it for typed text",
-    )
-    v.add_argument("path", help="a run directory, or a folder lm compare wrote")
-    v.add_argument(
-        "--prompt",
-        help="the text whose attention the page shows (a comparison: default its report's prompt)",
-    )
-    v.add_argument("--out", help="HTML file (default: PATH/view.html)")
-    v.add_argument(
-        "--serve",
-        action="store_true",
-        help="serve the run's page on --host:--port instead, recomputed for typed text, until "
-        "Ctrl-C (writes nothing)",
-    )
-    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
-    v.add_argument(
-        "--port", type=_port, default=8000, help="--serve's port (default 8000; 0: any free one)"
-    )
-    v.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_view_parser(sub, DEVICE_HELP)  # lm/explorer/flags.py
 
     x = sub.add_parser(
         "export",
@@ -558,24 +528,6 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_view(args: argparse.Namespace) -> int:
-    from lm.explorer.make import write_page
-    from lm.explorer.serve import serve
-    from lm.runtime.device import resolve_device
-
-    device = str(resolve_device(args.device, "--device"))
-    prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
-    if not args.serve:
-        print(write_page(args.path, prompt, args.out, device))
-        return 0
-    if args.out is not None:
-        raise LMError("--out: --serve writes nothing; give one or the other")
-    if prompt is None:
-        raise LMError("--prompt: --serve starts from a text; give one")
-    serve(args.path, prompt, args.host, args.port, device)
-    return 0
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
     from lm.hf.export import NAMES, export_run
 
@@ -627,7 +579,7 @@ COMMANDS = {
     "compare": _cmd_compare,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
-    "view": _cmd_view,
+    "view": view_command,
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,

@@ -141,5 +141,18 @@ def signal_charts(
     return [c for c in charts if c is not None]
 
 
+def undrawn(model: TransformerLM) -> str:
+    """Why a run's schemes draw no chart, or say nothing: ``none`` and a learned table have no
+    function of distance; a scheme this page does not know yet is named."""
+    names = dict.fromkeys(model.config.layer_positions)
+    known = {*ROTARY, "sinusoidal", "none", "learned"}
+    new = [n for n in names if n not in known and n not in SCORE_BIASES]
+    if new:
+        return f"{', '.join(new)}: its signal against distance is not drawn on this page yet"
+    if names.keys() & {"none", "learned"}:
+        return "only the causal mask orders the tokens, or a learned table: no function of distance"
+    return ""
+
+
 def _list(values: np.ndarray) -> list[float]:
     return [round(float(v), 6) for v in values]
