@@ -415,7 +415,8 @@ class DataConfig:
 
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
-    a generated task: builtin:copy | reverse | addition | flipflop (lm/data/tasks.py)."""
+    a generated task: builtin:copy | reverse | addition | flipflop | counting | selective_copy |
+    mqar | indexing | parity (lm/data/tasks.py, docs/tasks.md)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -450,7 +451,7 @@ class DataConfig:
     task_examples: int = 20000
     """builtin tasks: training examples generated (val_fraction of them held out)."""
     task_eval_examples: int = 100
-    """builtin tasks: examples per evaluation length (per length and split for flipflop)."""
+    """builtin tasks: examples per evaluation length (per length and split for a split task)."""
     flipflop_ignore: float = 0.8
     """builtin:flipflop: the probability that an instruction between the first write and the
     last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""
