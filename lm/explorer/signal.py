@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import ROTARY, SCHEMES
+from lm.config.names import ROTARY, SCHEMES, SCORE_BIASES
 from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
