@@ -533,3 +533,29 @@ def test_a_sliding_window_reads_the_last_w_real_tokens():
     assert near[4].tolist() == [False, False, False, True, True]  # itself and one before
     assert near[1].tolist() == [False, True, False, False, False]  # the first real token
     assert plan.at_window(None).mask[0, 0, 4].tolist() == [False, True, True, True, True]
+
+
+def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases():
+    from lm.model.position.pope import PoPE
+
+    cfg = ModelConfig(d_model=6, n_head=2, position="pope")  # d_k = 3: PoPE needs no pairs
+    part = PoPE(cfg, 0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        part.offset.copy_(torch.randn(2, 3))
+    q, k = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
+    plan = part.prepare(_plan(cfg, 4))
+    q2, k2 = part.rotate(q, k, plan)
+    assert q2.shape == k2.shape == (1, 2, 4, 6)
+    got = q2 @ k2.transpose(-2, -1) / math.sqrt(6)  # what every kernel computes
+    sp = torch.nn.functional.softplus
+    for h in range(2):
+        for t in range(4):
+            for s in range(4):
+                want = sum(
+                    sp(q[0, h, t, c]).item()
+                    * sp(k[0, h, s, c]).item()
+                    * math.cos((s - t) * 10000 ** (-c / 3) + part.offset[h, c].item())
+                    for c in range(3)
+                ) / math.sqrt(3)
+                assert got[0, h, t, s].item() == pytest.approx(want, rel=1e-5, abs=1e-6)

@@ -58,6 +58,7 @@ SCHEMES = {
         SchemeRow("xpos", Place.QUERIES_AND_KEYS, "rope:XPos", rotary=True, even=("head_dim",)),
         SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True),
         SchemeRow("cope", Place.SCORES, "content:CoPE", learned_bias=True, flex=False),
+        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
         SchemeRow("none", Place.NOTHING, "base:NoPosition"),
     )
 }
