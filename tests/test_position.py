@@ -559,3 +559,33 @@ def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases(
                     for c in range(3)
                 ) / math.sqrt(3)
                 assert got[0, h, t, s].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_fope_multiplies_each_pair_by_a_fourier_series_with_the_slow_waves_clipped():
+    from lm.model.position.fope import FoPE
+
+    # d_k = 4: omega = (1, 1/100); with context 16, 1/100 < 2 pi/16 is clipped to 0.
+    cfg = ModelConfig(d_model=8, n_head=2, context_length=16, position="fope")
+    torch.manual_seed(0)
+    part = FoPE(cfg, 0)
+    assert part.omega.tolist() == [1.0, 0.0]
+    a = part.coefficients.double()
+    assert a[:, 0, 0].tolist() == a[:, 1, 1].tolist() == [1.0, 1.0]
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    q, _ = part.rotate(x, x, part.prepare(_plan(cfg, 5)))
+    for h in range(2):
+        for n in range(5):
+            for m in range(2):  # pair m times sum_w a_hmw e^(i omega_w n)
+                f = a[h, m, 0].item() * complex(math.cos(n), math.sin(n)) + a[h, m, 1].item()
+                z = complex(x[0, h, n, 2 * m].item(), x[0, h, n, 2 * m + 1].item()) * f
+                got = complex(q[0, h, n, 2 * m].item(), q[0, h, n, 2 * m + 1].item())
+                assert abs(got - z) < 1e-5
+
+
+def test_an_odd_head_width_is_refused_by_the_schemes_that_pair_features():
+    from lm.config.errors import ConfigError
+
+    for position in ("rope", "fope"):
+        with pytest.raises(ConfigError, match=f"model.position: {position} needs an even head"):
+            ModelConfig(d_model=6, n_head=2, position=position)
+    ModelConfig(d_model=6, n_head=2, position="pope")  # PoPE gives each feature its own phase

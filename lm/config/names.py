@@ -59,6 +59,7 @@ SCHEMES = {
         SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True),
         SchemeRow("cope", Place.SCORES, "content:CoPE", learned_bias=True, flex=False),
         SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
+        SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
         SchemeRow("none", Place.NOTHING, "base:NoPosition"),
     )
 }
