@@ -589,3 +589,23 @@ def test_an_odd_head_width_is_refused_by_the_schemes_that_pair_features():
         with pytest.raises(ConfigError, match=f"model.position: {position} needs an even head"):
             ModelConfig(d_model=6, n_head=2, position=position)
     ModelConfig(d_model=6, n_head=2, position="pope")  # PoPE gives each feature its own phase
+
+
+def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context():
+    from lm.model.position.hope import HoPE, hope_kept_pairs
+    from lm.model.transformer import TransformerLM
+
+    # d_k = 8: theta = 1, 0.1, 0.01, 0.001; periods 2 pi / theta = 6.3, 63, 628, 6283.
+    assert [hope_kept_pairs(8, 10000.0, L) for L in (6, 7, 62, 63, 629)] == [0, 1, 1, 2, 3]
+    shape = dict(vocab_size=11, d_model=16, n_head=2, n_layer=2, context_length=16)
+    torch.manual_seed(0)
+    hope = TransformerLM(ModelConfig(**shape, position="hope")).eval()
+    torch.manual_seed(0)
+    p_rope = TransformerLM(ModelConfig(**shape, position="rope", rope_p=0.25)).eval()  # 1 of 4
+    ids = torch.randint(0, 11, (2, 40))  # past the context: the cut holds there too
+    assert torch.equal(hope(ids), p_rope(ids))
+    # Beside RoPE, in a model of both, each layer reads its own angles: HoPE's slow pairs stay put.
+    both = TransformerLM(ModelConfig(**shape, position=["rope", "hope"])).eval()
+    plan = both.plan(ids)
+    hope_cos, rope_cos = plan.shared_by(HoPE)[0], plan.rotation[0]  # (L, d_k/2)
+    assert (hope_cos[:, 1:] == 1).all() and not (rope_cos[:, 1:] == 1).all()

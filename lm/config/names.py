@@ -60,6 +60,7 @@ SCHEMES = {
         SchemeRow("cope", Place.SCORES, "content:CoPE", learned_bias=True, flex=False),
         SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
         SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
+        SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
         SchemeRow("none", Place.NOTHING, "base:NoPosition"),
     )
 }
