@@ -609,3 +609,41 @@ def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context()
     plan = both.plan(ids)
     hope_cos, rope_cos = plan.shared_by(HoPE)[0], plan.rotation[0]  # (L, d_k/2)
     assert (hope_cos[:, 1:] == 1).all() and not (rope_cos[:, 1:] == 1).all()
+
+
+@pytest.mark.parametrize("static", ["kerple", "alibi"])
+def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(static):
+    from lm.model.position.dape import DAPE
+
+    cfg = ModelConfig(d_model=8, n_head=2, position="dape", dape_bias=static)
+    torch.manual_seed(0)
+    part = DAPE(cfg, 0)
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    got = part.score_bias(_plan(cfg, 3), None, q, k)[0]  # (H, 3, 3)
+    w1, b1 = part.mix[0].weight, part.mix[0].bias
+    w2, b2 = part.mix[2].weight, part.mix[2].bias
+    for i in range(3):
+        for j in range(i + 1):
+            s = [(q[0, h, i] @ k[0, h, j]).item() / 2 for h in range(2)]  # d_k = 4
+            if static == "kerple":
+                r1, r2 = part.r1.clamp(min=0.01), part.r2.clamp(min=0.01)
+                b = [-r1[h].item() * math.log(1 + r2[h].item() * (i - j)) for h in range(2)]
+            else:
+                b = [-alibi_slopes(2)[h].item() * (i - j) for h in range(2)]
+            z = torch.tensor(s + b)  # [S_1, S_2, B_1, B_2]: every head's score, then bias
+            hidden = [
+                torch.nn.functional.gelu(w1[u] @ z + b1[u]).item() for u in range(w1.shape[0])
+            ]
+            for h in range(2):
+                f = sum(w2[h, u].item() * hidden[u] for u in range(len(hidden))) + b2[h].item()
+                assert got[h, i, j].item() == pytest.approx(b[h] + f, abs=1e-5)
+    assert torch.isinf(got[:, 0, 1]).all()  # the future stays masked
+
+
+def test_dape_needs_a_static_bias_it_can_read_and_a_kernel_that_sees_every_head():
+    from lm.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.dape_bias: 't5' is not one of kerple, alibi"):
+        ModelConfig(position="dape", dape_bias="t5")
+    with pytest.raises(ConfigError, match=r"model\.kernel: flex cannot compute dape's bias"):
+        ModelConfig(position="dape", kernel="flex")

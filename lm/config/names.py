@@ -61,6 +61,7 @@ SCHEMES = {
         SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
         SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
         SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
+        SchemeRow("dape", Place.SCORES, "dape:DAPE", learned_bias=True, flex=False),
         SchemeRow("none", Place.NOTHING, "base:NoPosition"),
     )
 }
