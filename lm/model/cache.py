@@ -44,6 +44,7 @@ class KVCache:
         self._next = torch.zeros((), dtype=torch.long, device=device)  # first free slot
         self._new = self._slot[:0]  # the slots of the current pass
         self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # see cumulative
+        self._kept: dict[tuple[int, str], torch.Tensor] = {}  # see keep
 
     def extend(self, new_mask: torch.Tensor) -> torch.Tensor:
         """Give T new tokens (``new_mask [B, T]``, True = real) the next T slots; their
@@ -85,3 +86,14 @@ class KVCache:
         slots.index_copy_(2, self._new, sums)
         total.copy_(sums[..., -1])
         return sums, slots
+
+    def keep(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
+        """Keep a per-token value of one layer beside its keys (PaTH's transforms): ``values [B,
+        H, T, ...]`` of this pass's tokens go into their slots; every slot's, ``[B, H, capacity,
+        ...]`` (zeros where no token was kept), is returned. Made at the first pass."""
+        if (layer, name) not in self._kept:
+            shape = (*values.shape[:2], self.key_mask.shape[1], *values.shape[3:])
+            self._kept[(layer, name)] = values.new_zeros(shape)
+        slots = self._kept[(layer, name)]
+        slots.index_copy_(2, self._new, values)
+        return slots
