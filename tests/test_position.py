@@ -647,3 +647,40 @@ def test_dape_needs_a_static_bias_it_can_read_and_a_kernel_that_sees_every_head(
         ModelConfig(position="dape", dape_bias="t5")
     with pytest.raises(ConfigError, match=r"model\.kernel: flex cannot compute dape's bias"):
         ModelConfig(position="dape", kernel="flex")
+
+
+def test_path_scores_each_key_through_the_householder_products_of_the_tokens_between():
+    from lm.model.position.path import PaTH
+
+    cfg = ModelConfig(d_model=6, n_head=2, position="path")  # d_k = 3
+    torch.manual_seed(0)
+    part = PaTH(cfg, 0)
+    x, q, k = torch.randn(1, 4, 6), torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
+    bias = part.score_bias(_plan(cfg, 4), x, q, k)[0]  # (H, 4, 4)
+    w = part.direction(x)[0].view(4, 2, 3)  # (T, H, d_k), before normalising
+    beta = 2 * torch.sigmoid(part.strength(x)[0])  # (T, H)
+    for h in range(2):
+        H = [
+            torch.eye(3) - beta[t, h] * torch.outer(w[t, h], w[t, h]) / (w[t, h] @ w[t, h])
+            for t in range(4)
+        ]
+        for i in range(4):
+            for j in range(i + 1):
+                product = torch.eye(3)
+                for t in range(j + 1, i + 1):  # H_{j+1} H_{j+2} ... H_i
+                    product = product @ H[t]
+                score = (k[0, h, j] @ product @ q[0, h, i]).item() / math.sqrt(3)
+                plain = (q[0, h, i] @ k[0, h, j]).item() / math.sqrt(3)  # what the kernel adds
+                assert bias[h, i, j].item() + plain == pytest.approx(score, abs=1e-5)
+    assert torch.isinf(bias[:, 0, 1]).all()  # the future stays masked
+    assert (beta > 0).all() and (beta < 2).all()
+
+
+def test_path_is_refused_where_it_cannot_run():
+    from lm.config.errors import ConfigError
+    from lm.model.transformer import TransformerLM
+
+    with pytest.raises(ConfigError, match=r"model\.kernel: flex cannot compute path's bias"):
+        ModelConfig(position="path", kernel="flex")
+    with pytest.raises(ConfigError, match=r"model\.normalize: ssmax scales q\.k"):
+        TransformerLM(ModelConfig(vocab_size=11, position="path", normalize="ssmax"))
