@@ -9,9 +9,11 @@ The Python API (docs/python-api.md)::
     print(lm.loss_at(run, ["1x", "2x"]))
 
 and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causal_mask``,
-``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``. The package's wings: ``lm.model`` (the
-network), ``lm.data``, ``lm.training``, ``lm.compare``, ``lm.hf``, on ``lm.config``, ``lm.runs``
-and ``lm.runtime``. Names load on first use, so ``import lm`` (and the command line) stays quick.
+``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``; and ``lm.view(run, prompt)``, the
+``lm view`` page inline in Jupyter. The package's wings: ``lm.model`` (the network),
+``lm.data``, ``lm.training``, ``lm.compare``, ``lm.explorer`` (``lm view``), ``lm.hf``, on
+``lm.config``, ``lm.runs`` and ``lm.runtime``. Names load on first use, so ``import lm`` (and
+the command line) stays quick.
 """
 
 __version__ = "0.2.0"
@@ -26,6 +28,7 @@ _API = {
     "causal_mask": "lm.api",
     "sinusoids": "lm.api",
     "rope": "lm.api",
+    "view": "lm.api",
     "Config": "lm.config.sections",
     "load_config": "lm.config.load",
     "TransformerLM": "lm.model.transformer",

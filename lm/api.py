@@ -5,7 +5,8 @@ Runs: :func:`train` a config into a run directory, :func:`load` a trained run, :
 text from prompts, :func:`loss_at` context lengths. The notes' formulas, as the model computes
 them: :func:`attention` (``Y, A`` of ``softmax(QK^T/sqrt(d_k) + M) V``), :func:`causal_mask`,
 :func:`attention_mask` (the key and causal masks of a padded batch), :func:`sinusoids` and
-:func:`rope` (RoPE's rotation of queries or keys).
+:func:`rope` (RoPE's rotation of queries or keys). :func:`view`: the ``lm view`` page of a run
+and a prompt, shown inline in Jupyter.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from pathlib import Path
 
 import torch
 
+from lm.config.errors import LMError
 from lm.config.load import load_config
 from lm.config.sections import Config
-from lm.evaluate import evaluate_lengths, load_evaluated
+from lm.config.values import checked_text, finite_at_least_zero, whole_number
+from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
+from lm.explorer.gather import run_page
+from lm.explorer.make import page_html, run_name
+from lm.explorer.page import Page, render
 from lm.model.kernels import attention
 from lm.model.masks import allowed_keys, causal_mask
 from lm.model.position.embeddings import sinusoidal_table
@@ -40,6 +46,7 @@ __all__ = [
     "rope",
     "sinusoids",
     "train",
+    "view",
 ]
 
 
@@ -59,6 +66,10 @@ def train(
     ``runs/default`` for a Config); ``lm train``. ``init_from``: start from another run's
     weights (its tokenizer, fresh optimizer, step 0). Returns how it ended: ``.status`` (done,
     target, interrupted, ...), ``.step``, ``.val_loss``, ``.run_dir``."""
+    if resume and overwrite:
+        raise LMError(
+            "resume and overwrite: give one (resume continues the run, overwrite discards it)"
+        )
     if isinstance(config, Config):
         if overrides:
             raise ValueError("overrides apply to a config file; change a Config with .replace")
@@ -91,8 +102,18 @@ def load(
     return load_evaluated(run_dir, checkpoint, where, rope_scaling)
 
 
+def _loaded(run: LoadedRun | str | Path) -> LoadedRun:
+    """A run as :func:`load` gives it; a run directory is loaded (its newest checkpoint, on the
+    default device)."""
+    if isinstance(run, LoadedRun):
+        return run
+    if isinstance(run, (str, Path)):
+        return load(run)
+    raise LMError(f"run: {type(run).__name__} is not a run: give lm.load(RUN_DIR) or RUN_DIR")
+
+
 def generate(
-    run: LoadedRun,
+    run: LoadedRun | str | Path,
     prompts: str | Sequence[str],
     max_new_tokens: int = 200,
     *,
@@ -106,8 +127,19 @@ def generate(
     document): the prompt and its continuation, one text per prompt. Greedy by default; with
     ``temperature > 0`` sampled (``top_k`` likeliest tokens, ``seed`` for the same draw again).
     The prompts decode as one left-padded batch, each exactly as it would alone; an empty prompt
-    starts a new document."""
+    starts a new document. ``run`` may be a run directory, loaded as :func:`load` does.
+    Arguments ``lm sample`` would refuse raise LMError with its message."""
     texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not texts:
+        raise LMError("prompts: none given (an empty string '' starts a new document)")
+    texts = [checked_text(text, "prompts") for text in texts]
+    whole_number(max_new_tokens, 1, "max_new_tokens")
+    temperature = finite_at_least_zero(temperature, "temperature")
+    if top_k is not None:
+        whole_number(top_k, 1, "top_k")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise LMError(f"seed: {seed!r} is not an integer")
+    run = _loaded(run)
     tok = run.tokenizer
     encoded = [tok.encode(text) or [tok.eod_id] for text in texts]
     new = generate_ids(
@@ -126,8 +158,8 @@ def generate(
 
 
 def loss_at(
-    run: LoadedRun,
-    lengths: Sequence[str | int] = ("1x",),
+    run: LoadedRun | str | Path,
+    lengths: str | int | Sequence[str | int] = ("1x",),
     *,
     split: str = "val",
     batch_size: int | None = None,
@@ -135,9 +167,15 @@ def loss_at(
 ) -> dict[int, float | None]:
     """Mean next-token loss at each context length, in tokens or multiples of the trained one
     (``"2x"``): ``{length: loss}``, None where the model has no positions that long (a learned
-    table). The run's own split, read in non-overlapping windows; ``lm eval``."""
+    table). The run's own split (``val`` or ``train``), read in non-overlapping windows;
+    ``lm eval``, whose refusals raise LMError with its message."""
+    specs = length_specs(lengths)
+    for value, name in ((batch_size, "batch_size"), (max_batches, "max_batches")):
+        if value is not None:
+            whole_number(value, 1, name)
+    run = _loaded(run)
     device = str(next(run.model.parameters()).device)
-    rows = evaluate_lengths(run, run.run_dir, list(lengths), split, batch_size, device, max_batches)
+    rows = evaluate_lengths(run, run.run_dir, specs, split, batch_size, device, max_batches)
     return {row["context_length"]: row["loss"] for row in rows}
 
 
@@ -145,10 +183,11 @@ def attention_mask(key_mask: torch.Tensor, causal: bool = True) -> torch.Tensor:
     """Which keys each query of a padded batch may read, ``[B, 1, L, L]`` (True = may read), from
     ``key_mask [B, L]`` (True = real token): the notes' key mask (a pad supplies no value),
     and with ``causal`` the causal mask (no key after its query). A query with no key to read
-    (left padding) reads every key instead, as the model's kernels do, and is zeroed after."""
-    L = key_mask.shape[1]
+    (left padding) reads every key instead, as the model's kernels do, and is zeroed after.
+    Without ``causal`` every query reads the same keys: the one row, repeated (a view)."""
+    B, L = key_mask.shape
     mask, _ = allowed_keys(key_mask, None, causal, L, L, 0, key_mask.device)
-    return mask
+    return mask.expand(B, 1, L, L)
 
 
 def sinusoids(length: int, d: int) -> torch.Tensor:
@@ -159,6 +198,22 @@ def sinusoids(length: int, d: int) -> torch.Tensor:
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """RoPE as the notes write it: pair ``i`` of ``x [..., L, d_k]`` (features ``2i, 2i+1``) at
-    position ``l`` (``positions [L]``) rotated by ``l theta_i``, ``theta_i = base^(-2i/d_k)``."""
+    position ``l`` (``positions [L]``) rotated by ``l theta_i``, ``theta_i = base^(-2i/d_k)``.
+    ``x`` is a floating-point tensor (a rotation of integers would round to them)."""
+    if not x.is_floating_point():
+        raise LMError(f"rope: x is a {x.dtype} tensor; rotate a floating-point one (x.float())")
     cos, sin = RopeAngles(x.shape[-1], base).cos_sin(positions, x.dtype)
     return rotate_pairs(x, cos, sin)
+
+
+def view(run: LoadedRun | str | Path, prompt: str | None = None, *, device: str = "auto") -> Page:
+    """The ``lm view`` page of a run (a :func:`load`-ed one, or its folder) on ``prompt``, or of
+    a comparison's folder (``prompt`` default: its report's): attention maps of every layer and
+    head, the position signal against distance, the 1x and 4x views. In Jupyter it shows
+    inline; ``.save(path)`` writes it, ``.html`` is its text."""
+    if not isinstance(run, LoadedRun):
+        return Page(page_html(run, prompt, str(resolve_device(device, "device"))))
+    if prompt is None:
+        raise LMError("prompt: a run's page needs the text whose attention to show")
+    name = run_name(run.run_dir) if run.run_dir is not None else "run"
+    return Page(render(run_page(run, prompt, name)))

@@ -1,5 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention | positions | export |
-import`` (also ``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | attention | positions | view | export
+| import`` (also ``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -16,6 +16,8 @@ from typing import Any, NoReturn
 
 from lm import __version__
 from lm.config.errors import LMError
+from lm.config.names import SPLITS
+from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.runtime.launch import launched_rank, met_alike
 
 LINGER_S = 5.0
@@ -91,22 +93,26 @@ DEVICE_HELP = "auto (default: cuda, then mps, then cpu) | cpu | cuda | cuda:N | 
 
 def positive_int(text: str) -> int:
     try:
+        return whole_number(text, 1)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _port(text: str) -> int:
+    try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
     return value
 
 
 def _non_negative_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0.0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
+        return finite_at_least_zero(text)
+    except LMError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _jobs(text: str) -> int | str:
@@ -193,9 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         "generated task (builtin:copy, ...), also exact-match accuracy at each task length",
     )
     e.add_argument("run_dir")
-    e.add_argument(
-        "--split", choices=["val", "train"], default="val", help="the split to read (default val)"
-    )
+    e.add_argument("--split", choices=SPLITS, default="val", help="the split to read (default val)")
     e.add_argument(
         "--context-lengths",
         type=_lengths,
@@ -310,6 +314,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
+    v = sub.add_parser(
+        "view",
+        help="one self-contained HTML page of a run's attention and position signal, or of a "
+        "comparison's runs side by side; --serve recomputes it for typed text",
+    )
+    v.add_argument("path", help="a run directory, or a folder lm compare wrote")
+    v.add_argument(
+        "--prompt",
+        help="the text whose attention the page shows (a comparison: default its report's prompt)",
+    )
+    v.add_argument("--out", help="HTML file (default: PATH/view.html)")
+    v.add_argument(
+        "--serve",
+        action="store_true",
+        help="serve the run's page on --host:--port instead, recomputed for typed text, until "
+        "Ctrl-C (writes nothing)",
+    )
+    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
+    v.add_argument(
+        "--port", type=_port, default=8000, help="--serve's port (default 8000; 0: any free one)"
+    )
+    v.add_argument("--device", default="auto", help=DEVICE_HELP)
+
     x = sub.add_parser(
         "export",
         help="write a run as a Hugging Face transformers model folder (no custom code needed)",
@@ -402,19 +429,6 @@ def _cmd_job_slot(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def checked_text(text: str, where: str) -> str:
-    """``text`` if it is Unicode text; bytes that are not UTF-8 reach Python as lone surrogates
-    (argv and standard input decode with ``surrogateescape``), which no tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raw = text[e.start].encode("utf-8", "surrogateescape")
-        raise LMError(
-            f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
-        ) from None
-    return text
 
 
 def _read_prompts(raw: list[str]) -> list[str]:
@@ -592,6 +606,24 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from lm.explorer.make import write_page
+    from lm.explorer.serve import serve
+    from lm.runtime.device import resolve_device
+
+    device = str(resolve_device(args.device, "--device"))
+    prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
+    if not args.serve:
+        print(write_page(args.path, prompt, args.out, device))
+        return 0
+    if args.out is not None:
+        raise LMError("--out: --serve writes nothing; give one or the other")
+    if prompt is None:
+        raise LMError("--prompt: --serve starts from a text; give one")
+    serve(args.path, prompt, args.host, args.port, device)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from lm.hf.export import NAMES, export_run
 
@@ -622,30 +654,17 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_choices(args: argparse.Namespace) -> int:
-    import json
-
     from lm.runtime import choices
 
     path = choices.cache_file()
     if args.clear:
         print(f"lm: forgot {choices.clear()} measured choice(s) in {path}", file=sys.stderr)
         return 0
-    entries = choices.read()
-    print(f"lm: {len(entries)} measured choice(s) in {path}", file=sys.stderr)
-    for key, kept in entries.items():
-        what = json.loads(key)
-        model = what.get("model", {})
-        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
-        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
-        value = "each sweep from" if what.get("kind") == "compare.jobs" else kept.get("value")
-        print(
-            f"{what.get('kind')}: {value} ({timings}; measured {kept.get('measured')}) "
-            f"for d_model={model.get('d_model')} n_layer={model.get('n_layer')} "
-            f"context={model.get('context_length')} micro_batch={what.get('micro_batch')} "
-            + (f"width={what['width']} " if "width" in what else "")
-            + (f"cores={what['cores']}" if "cores" in what else f"threads={what.get('threads')}")
-            + f" on {what.get('cpu')}, torch {what.get('torch')}"
-        )
+    entries, ignored = choices.load()
+    ignored = f" ({ignored}: ignored)" if ignored else ""
+    print(f"lm: {len(entries)} measured choice(s) in {path}{ignored}", file=sys.stderr)
+    for row in choices.rows(entries):
+        print(row)
     return 0
 
 
@@ -656,6 +675,7 @@ COMMANDS = {
     "compare": _cmd_compare,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
+    "view": _cmd_view,
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,

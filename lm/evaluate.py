@@ -10,9 +10,10 @@ Lengths are whole numbers of tokens or multiples of the trained context (``2x``)
 the split is read in non-overlapping windows of that length, every token a target once; the
 rows say how many windows that was and when none reaches the length (a split shorter than it).
 
-A run trained on a generated task (``builtin:copy``, ``reverse``, ``addition``) is also asked
-for exact answers at every evaluation length (:func:`task_accuracy`): whether it does the task
-at lengths it never saw, which its loss alone does not say.
+A run trained on a generated task (``builtin:copy``, ``counting``, ``mqar``... see
+:mod:`lm.data.tasks`) is also asked for exact answers at every evaluation length, in each of
+the task's splits (:func:`task_accuracy`): whether it does the task at lengths and settings it
+never saw, which its loss alone does not say.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import contextlib
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,13 @@ import torch
 
 from lm.config.errors import LMError
 from lm.config.load import load_config
-from lm.config.names import task_of
-from lm.config.sections import Config, DataConfig
+from lm.config.names import ROTARY, SPLITS, XPOS_REACH, task_of
+from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
-from lm.data.tasks import evaluation_examples, splits
+from lm.data.tasks import TaskSettings, evaluation_examples, splits
+from lm.model.position.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.directory import CONFIG, TOKENIZER
 from lm.runs.load import LoadedRun, load_run
@@ -111,6 +113,23 @@ def parse_context_lengths(text: str) -> list[str]:
     return specs
 
 
+def length_specs(lengths: str | int | Sequence[str | int]) -> list[str]:
+    """Evaluation lengths as the Python API takes them: text as ``--context-lengths`` reads it
+    (``"1x,2x"``), one whole number of tokens, or a list of both; checked by
+    :func:`parse_context_lengths`, as the flag is, with an LMError naming ``lengths``."""
+    items = [lengths] if isinstance(lengths, (str, int)) else list(lengths)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            raise LMError(
+                f"lengths: {item!r} is not a length: a whole number of tokens (e.g. 256) or a "
+                "multiple of the trained context (e.g. '2x')"
+            )
+    try:
+        return parse_context_lengths(",".join(str(item) for item in items))
+    except ValueError as e:
+        raise LMError(f"lengths: {e}") from None
+
+
 def resolve_length(spec: str | int, trained: int) -> int:
     """A length spec (``"2x"``, ``"1.5x"``, ``"256"`` or an int) in tokens, for a model trained
     at ``trained``."""
@@ -138,10 +157,10 @@ def load_evaluated(
     if rope_scaling is None:
         return run
     model = run.config.model
-    if "rope" not in model.layer_positions:
+    if not set(ROTARY) & set(model.layer_positions):  # xPos rotates by RoPE's angles too
         raise LMError(
             f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position_text}"
+            f"{model.position_text} (rope and xpos rotate by RoPE's angles)"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
@@ -163,6 +182,8 @@ def evaluate_lengths(
     """Loss and perplexity of a loaded run at each length (default: the trained context), with
     what was read: ``windows`` (how many) and ``window`` (the longest, in tokens); a ``note``
     says when no window reaches the length, or why a length has no loss."""
+    if split not in SPLITS:
+        raise LMError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
     cfg = run.config
     trained = cfg.model.context_length
     # The run's own data, from the cache its training made (silently: only the table matters).
@@ -177,13 +198,8 @@ def evaluate_lengths(
             "requested": str(spec),
             "trained_context": trained,
         }
-        if cfg.model.position == "learned" and length > cfg.model.position_range:
-            row.update(
-                loss=None,
-                perplexity=None,
-                note=f"learned positions stop at {cfg.model.position_range}: no vector for "
-                "longer contexts",
-            )
+        if note := _out_of_reach(cfg.model, length):
+            row.update(loss=None, perplexity=None, note=note)
             rows.append(row)
             continue
         # About the same number of tokens per batch at every length.
@@ -221,6 +237,20 @@ def evaluate_lengths(
             )
         rows.append(row)
     return rows
+
+
+def _out_of_reach(model: ModelConfig, length: int) -> str:
+    """Why a model has no loss at ``length``, or '': a learned table has no vector past its
+    rows; xPos's scales leave fp32 past its reach (``lm.model.position.rope.xpos_reach``)."""
+    if model.position == "learned" and length > model.position_range:
+        return f"learned positions stop at {model.position_range}: no vector for longer contexts"
+    reach = xpos_reach(model.xpos_scale_base)
+    if "xpos" in model.layer_positions and length > reach:
+        return (
+            f"xPos with xpos_scale_base {model.xpos_scale_base:g} computes positions up to "
+            f"{reach} ({XPOS_REACH} B): its scales leave fp32 beyond"
+        )
+    return ""
 
 
 def evaluate_run(
@@ -286,19 +316,20 @@ def task_accuracy(
     """Exact-match accuracy of a task run at each of ``data.task_eval_lengths``: the answers it
     gives greedily (``lm.sample.generate``, KV cache) to ``data.task_eval_examples`` prompts per
     length, each right only if every token and the end of the document are. One row per length
-    (per split and length for flip-flop, ``lm.data.tasks.FLIPFLOP_SPLITS``): ``length``,
-    ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for flip-flop
-    the training split), and for flip-flop ``split``."""
+    (per split and length for a task asked in splits, ``lm.data.tasks.splits``): ``length``,
+    ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for a split
+    task the training split), and for a split task ``split``. With
+    ``model.random_positions_eval`` the positions are drawn afresh at every decoding pass."""
     data = run.config.data
     task = task_of(data.source)
     trained, lengths = data.task_ranges()
     tok = run.tokenizer
     size = batch_size or run.config.train.eval_batch()
     rows = []
-    for index, (split, ignore) in enumerate(splits(task, data.flipflop_ignore)):
+    for index, (split, settings) in enumerate(splits(task, TaskSettings.of(data))):
         for length in lengths:
             count = data.task_eval_examples
-            pairs = evaluation_examples(task, length, count, data.seed, ignore, index)
+            pairs = evaluation_examples(task, length, count, data.seed, settings, index)
             prompts = [tok.encode(p) for p, _ in pairs]
             answers = [tok.encode(a) for _, a in pairs]
             correct = 0
@@ -322,7 +353,7 @@ def task_accuracy(
 
 
 def format_accuracy(rows: list[dict[str, Any]]) -> str:
-    """A task's accuracy rows as a Markdown table; trained lengths marked (and flip-flop's
+    """A task's accuracy rows as a Markdown table; trained lengths marked (and a split task's
     splits named)."""
     split = "split" in rows[0]
     head = "| split " if split else ""

@@ -95,6 +95,9 @@ def generate(
     model.eval()
     device = next(model.parameters()).device
     C = model.config.context_length
+    # Positions drawn at evaluation are drawn afresh for the whole sequence at every pass; a
+    # cache would hold the keys of one draw and read the new token at its plain position.
+    use_cache = use_cache and not model.config.random_positions_eval
     B, S = len(prompts), max(len(p) for p in prompts)
     # Every slot the decoding will use, preallocated: (B, S + max_new_tokens).
     ids = torch.full((B, S + max_new_tokens), pad_id, dtype=torch.long, device=device)

@@ -238,3 +238,81 @@ def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, *
     if positions is not None:
         plan = dataclasses.replace(plan, positions=positions, key_positions=positions)
     return layer(x, layer.position.prepare(plan))
+
+
+@contextlib.contextmanager
+def fused_calls() -> Iterator[list[int]]:
+    """While open, counts the calls of PyTorch's fused attention
+    (``torch.nn.functional.scaled_dot_product_attention``): how a test tells which kernel ran,
+    the fused one (a call per layer) or the notes' formula written out (none). Yields a list
+    whose length is the count so far."""
+    calls: list[int] = []
+    real = F.scaled_dot_product_attention
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    with mock.patch.object(F, "scaled_dot_product_attention", counted):
+        yield calls
+
+
+HOOKS = Path(__file__).parent / "hooks"
+
+
+class Pauses:
+    """Processes started with :meth:`env` stop where ``rules`` say (tests/hooks/sitecustomize.py)
+    and tell this object on a FIFO in ``folder``; :meth:`wait` reads their lines. ``{fifo}`` in
+    a rule's ``tell`` or ``wait_for`` is this object's FIFO (another name: another FIFO there)."""
+
+    def __init__(self, folder: Path, rules: list[dict[str, Any]]):
+        import os
+
+        self.fifo = folder / "pauses.fifo"
+        for rule in rules:
+            for key in ("tell", "wait_for"):
+                if key in rule:
+                    rule[key] = str(folder / rule[key]) if rule[key] != "{fifo}" else str(self.fifo)
+                    if not Path(rule[key]).exists():
+                        os.mkfifo(rule[key])
+        if not self.fifo.exists():
+            os.mkfifo(self.fifo)
+        # Held open for reading and writing: no writer ever waits for a reader, and reading
+        # never ends early because no writer is open.
+        self._fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
+        self.rules, self._buffer = rules, b""
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        import os
+
+        env = dict(os.environ if base is None else base)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HOOKS), env.get("PYTHONPATH", "")) if p)
+        env["LM_TEST_PAUSE"] = json.dumps(self.rules)
+        return env
+
+    def wait(self, n: int = 1, ended: Any = None, timeout: float = 300.0) -> list[str] | None:
+        """The next ``n`` lines told; None if ``ended`` (a Popen) ends first. ``timeout`` only
+        stops a broken test from hanging: nothing here waits on time otherwise."""
+        import os
+        import select
+
+        watched = [self._fd] + ([ended.stderr] if ended is not None else [])
+        while self._buffer.count(b"\n") < n:
+            ready, _, _ = select.select(watched, [], [], timeout)
+            if not ready:
+                pytest.fail(f"no process told {self.fifo.name} within {timeout:.0f} s")
+            if self._fd in ready:
+                self._buffer += os.read(self._fd, 4096)
+            elif ended is not None and ended.poll() is None and ended.stderr.readline():
+                continue  # it said something else; still running
+            elif ended is not None and self._buffer.count(b"\n") < n:
+                ended.wait()
+                return None
+        lines = self._buffer.decode().splitlines()
+        self._buffer = "\n".join(lines[n:]).encode() + (b"\n" if lines[n:] else b"")
+        return lines[:n]
+
+    def close(self) -> None:
+        import os
+
+        os.close(self._fd)

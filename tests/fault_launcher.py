@@ -6,6 +6,11 @@ that every other process stops too (instead of waiting for it in a collective):
 - ``signal-on-rank1``: rank 1 receives SIGTERM during its third step;
 - ``no-checkpoint-on-rank1``: rank 1 sees no checkpoint in the run directory (a second machine
   without the shared filesystem).
+
+With ``LM_TEST_RANK0_DONE`` naming a FIFO, every other rank waits, once ``lm`` has returned, for
+rank 0 to say on it that its own ``lm`` has returned (its line printed): torchrun ends the
+others soon after one process exits, and a rank 1 that left first could have rank 0 ended
+before it printed.
 """
 
 from __future__ import annotations
@@ -45,4 +50,12 @@ if __name__ == "__main__":
         lm.training.loop.latest_checkpoint = lambda run_dir: None
     elif fault not in ("write-fails-on-rank0", "signal-on-rank1", "no-checkpoint-on-rank1"):
         sys.exit(f"unknown fault {fault!r}")
-    sys.exit(main(sys.argv[2:]))
+    code = main(sys.argv[2:])
+    done = os.environ.get("LM_TEST_RANK0_DONE")
+    if done and RANK == 0:
+        with open(done, "a") as fifo:
+            fifo.write("done\n")
+    elif done:
+        with open(done) as fifo:  # waits for rank 0 to open it, then for its line
+            fifo.readline()
+    sys.exit(code)

@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from _support import attention_layer, self_attend
+from _support import attention_layer, fused_calls, self_attend
 
-from lm.model.kernels import attention
+from lm.model.kernels import attention, softmax_rows
 from lm.model.masks import causal_mask
 
 
@@ -36,7 +36,10 @@ def test_scaling_by_sqrt_dk_example():
     q[0, 0] = math.sqrt(d)
     k = torch.zeros(2, d)
     k[1, 0] = 1.0
-    unscaled = torch.softmax(q @ k.T, dim=-1)
+    # On lm's own kernel: the notes' softmax of the raw scores, and the written-out attention
+    # with its 1/sqrt(d_k) undone by scaling q up.
+    unscaled = softmax_rows(q @ k.T)
+    torch.testing.assert_close(attention(q * math.sqrt(d), k, torch.eye(2))[1], unscaled)
     assert unscaled[0, 0].item() == pytest.approx(0.011, abs=5e-4)
     assert unscaled[0, 1].item() == pytest.approx(0.989, abs=5e-4)
     _, w = attention(q, k, torch.eye(2))
@@ -132,14 +135,20 @@ def _masks(B, L):
 @pytest.mark.parametrize("position", ["none", "rope", "alibi", "t5", "kerple", "fire"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fused_and_explicit_paths_agree_with_and_without_masks(position, causal):
+    # Without gradients: with them on a CPU, a learned bias (T5, KERPLE, FIRE) takes the notes'
+    # formula whatever the kernel asked, and both sides would run the same code. Each side's
+    # kernel is checked: the fused one calls PyTorch's SDPA, the explicit one never does.
     torch.manual_seed(1)
     fused, cfg = attention_layer(16, 4, position=position, kernel="sdpa")
     explicit, explicit_cfg = attention_layer(16, 4, position=position, kernel="math")
     explicit.load_state_dict(fused.state_dict())
     x = torch.randn(2, 7, 16)
     for key_mask in (None, _masks(2, 7)):
-        a = self_attend(fused, cfg, x, key_mask=key_mask, causal=causal)
-        b = self_attend(explicit, explicit_cfg, x, key_mask=key_mask, causal=causal)
+        with torch.no_grad(), fused_calls() as calls:
+            a = self_attend(fused, cfg, x, key_mask=key_mask, causal=causal)
+            assert len(calls) == 1, "the fused side did not run SDPA"
+            b = self_attend(explicit, explicit_cfg, x, key_mask=key_mask, causal=causal)
+            assert len(calls) == 1, "the explicit side ran SDPA"
         assert torch.isfinite(a).all() and torch.isfinite(b).all()
         torch.testing.assert_close(a, b)
 
@@ -165,7 +174,6 @@ def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
 
 
 def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
-    from lm.model.kernels import softmax_rows
     from lm.model.plan import build_plan
 
     torch.manual_seed(0)
@@ -193,15 +201,26 @@ def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
     )
 
 
-def test_padded_keys_do_not_change_real_outputs():
+@pytest.mark.parametrize("kernel", ["sdpa", "math"])
+def test_padded_keys_do_not_change_real_outputs(kernel):
+    # Pads on the left are past keys, which causal attention would read without the key mask;
+    # pads on the right are future keys, read only without causality.
     torch.manual_seed(0)
-    mha, cfg = attention_layer(8, 2, position="none")
-    x = torch.randn(1, 4, 8)
-    ref = self_attend(mha, cfg, x)
-    padded = torch.cat([x, torch.randn(1, 3, 8)], dim=1)
-    key_mask = torch.tensor([[True] * 4 + [False] * 3])
-    out = self_attend(mha, cfg, padded, key_mask=key_mask)
-    torch.testing.assert_close(out[:, :4], ref)
+    mha, cfg = attention_layer(8, 2, position="none", kernel=kernel)
+    x, pads = torch.randn(1, 4, 8), torch.randn(1, 3, 8)
+    real = torch.tensor([[True] * 4])
+    for causal in (True, False):
+        ref = self_attend(mha, cfg, x, causal=causal)
+        left = self_attend(
+            mha, cfg, torch.cat([pads, x], 1), key_mask=torch.cat([~real[:, :3], real], 1),
+            causal=causal,
+        )  # fmt: skip
+        torch.testing.assert_close(left[:, 3:], ref)
+        right = self_attend(
+            mha, cfg, torch.cat([x, pads], 1), key_mask=torch.cat([real, ~real[:, :3]], 1),
+            causal=causal,
+        )  # fmt: skip
+        torch.testing.assert_close(right[:, :4], ref)
 
 
 def _documents_and_padding(B: int, L: int) -> dict:
@@ -297,8 +316,10 @@ def test_no_side_channel_between_layers_remains_in_lm():
     import lm
 
     found = []
-    for path in Path(lm.__file__).parent.glob("*.py"):
+    paths = sorted(Path(lm.__file__).parent.rglob("*.py"))
+    assert any(path.parent.name == "model" for path in paths)  # every subpackage is read
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.arg) and node.arg in {"shared", "need_weights"}:
-                found.append(f"{path.name}:{node.lineno} {node.arg}")
+                found.append(f"{path}:{node.lineno} {node.arg}")
     assert found == []

@@ -65,8 +65,10 @@ def test_a_measurement_beside_other_work_is_used_but_not_kept(monkeypatch):
         time.sleep(0.1)
         return 0.1
 
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    spin = "print('spinning', flush=True)\nwhile True: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
+        assert spinner.stdout.readline() == "spinning\n"  # it is busy before the measurement
         made = choices.choose("k", {}, {"fp32": idle, "bf16": idle}, tune._prefer)
     finally:
         spinner.kill()

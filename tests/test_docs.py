@@ -47,10 +47,20 @@ def _shown_commands(path: Path) -> list[str]:
     return commands
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+# The pages with a shell block: each shows lm commands (a page without one shows none).
+SHOWING = [page for page in PAGES if "```bash\n" in _text(page)]
+
+
+def test_the_pages_that_show_commands_are_found():
+    assert {README.name, "commands.md", "compare.md"} <= {page.name for page in SHOWING}
+
+
+@pytest.mark.parametrize("page", SHOWING, ids=lambda p: p.name)
 def test_every_lm_command_shown_is_accepted_by_the_parser(page, capsys):
     parser = build_parser()
-    for argv in _shown_commands(page):
+    shown = _shown_commands(page)
+    assert shown, f"{page.name} has a shell block but no lm command was read from it"
+    for argv in shown:
         try:
             parser.parse_args(argv)
         except SystemExit as e:
@@ -148,9 +158,10 @@ LAYERS = {
     "evaluate": 5,
     "training": 6,
     "compare": 7,
-    "api": 8,
-    "cli": 9,
-    "__main__": 10,
+    "explorer": 8,
+    "api": 9,
+    "cli": 10,
+    "__main__": 11,
 }
 
 

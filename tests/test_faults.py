@@ -8,12 +8,11 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from _support import losses, metrics, nan_loss_at_step, tiny_config, write_config
+from _support import Pauses, losses, metrics, nan_loss_at_step, tiny_config, write_config
 from safetensors.torch import load_file
 
 import lm.runs.checkpoint
@@ -23,26 +22,12 @@ from lm.runs.load import load_run
 from lm.training.loop import train
 
 KILL_TRAIN = {"max_steps": 48, "checkpoint_every": 4, "eval_every": 24, "log_every": 1}
-SLOW_LAUNCHER = Path(__file__).parent / "slow_launcher.py"
 
 
-def start(config: Path, run_dir: Path, *extra: str, slow_write: float = 0.0) -> subprocess.Popen:
-    """``lm train`` in a subprocess; with ``slow_write``, each checkpoint file takes that long."""
-    lm = [str(SLOW_LAUNCHER), str(slow_write)] if slow_write else ["-m", "lm"]
-    cmd = [sys.executable, *lm, "train", str(config), "--out", str(run_dir), "--quiet"]
-    return subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
-    """Poll until ``predicate()`` holds (True) or the process ends first (False)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.002)
-    raise TimeoutError("training neither reached the kill point nor ended")
+def start(config: Path, run_dir: Path, *extra: str, env=None) -> subprocess.Popen:
+    """``lm train`` in a subprocess (``env``: where it pauses, tests/_support.Pauses)."""
+    cmd = [sys.executable, "-m", "lm", "train", str(config), "--out", str(run_dir), "--quiet"]
+    return subprocess.Popen([*cmd, *extra], stderr=subprocess.PIPE, text=True, env=env)
 
 
 def logged_step(run_dir: Path) -> int:
@@ -63,6 +48,7 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert losses(a, "val_loss") == losses(b, "val_loss")
     wa = load_file(str(latest_checkpoint(a) / "model.safetensors"))
     wb = load_file(str(latest_checkpoint(b) / "model.safetensors"))
+    assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=0)
 
@@ -82,6 +68,8 @@ def reference(tmp_path_factory):
 def test_sigkill_at_random_steps_and_mid_checkpoint_then_resume_equals_uninterrupted(
     reference, tmp_path
 ):
+    # Each process stops where it is to be killed (a step about to start, or a checkpoint with
+    # its first file written and the rest not) and says so; it is killed only then.
     config, ref = reference
     run = tmp_path / "run"
     rng = random.Random(0)
@@ -90,16 +78,20 @@ def test_sigkill_at_random_steps_and_mid_checkpoint_then_resume_equals_uninterru
     for attempt in range(8):
         mode = "checkpoint write" if attempt % 2 else "step"
         extra = ("--resume",) if started else ()
-        proc = start(config, run, *extra, slow_write=0.2 if mode == "checkpoint write" else 0.0)
+        target = logged_step(run) + rng.randint(1, 6)  # the step (0-based) it stops before
+        rule = {"where": "write"} if attempt % 2 else {"where": "step", "at": target}
+        pauses = Pauses(tmp_path, [{**rule, "tell": "{fifo}", "then": "forever"}])
+        proc = start(config, run, *extra, env=pauses.env())
         started = True
-        if mode == "step":
-            target = logged_step(run) + rng.randint(1, 6)
-            hit = wait_for(lambda: logged_step(run) >= target, proc)  # noqa: B023
-        else:
-            hit = wait_for(lambda: writing(run), proc)
-        if not hit:  # it finished before the kill point
+        told = pauses.wait(1, ended=proc)
+        pauses.close()
+        if told is None:  # it finished before the kill point
             assert proc.returncode == 0, proc.stderr.read()
             break
+        if mode == "checkpoint write":
+            assert writing(run)  # the write is in progress: a folder not yet renamed
+        else:
+            assert logged_step(run) == target  # every step before it done, none after
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills[mode] += 1
@@ -112,24 +104,29 @@ def test_sigkill_at_random_steps_and_mid_checkpoint_then_resume_equals_uninterru
     else:
         proc = start(config, run, "--resume")
         assert proc.wait(timeout=300) == 0, proc.stderr.read()
-    assert kills["step"] >= 3 and kills["checkpoint write"] >= 3, kills
+    assert kills == {"step": 4, "checkpoint write": 4}, kills
     assert not writing(run)  # the half-written folders were cleaned up
     assert_same_run(run, ref)
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_continues_the_same_curve(reference, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stop_signal_saves_a_checkpoint_and_resume_continues_the_same_run(
+    reference, tmp_path, stop
+):
     config, ref = reference
     run = tmp_path / "run"
-    proc = start(config, run)
-    assert wait_for(lambda: logged_step(run) >= 6, proc)
-    proc.send_signal(signal.SIGTERM)
+    pauses = Pauses(tmp_path, [{"where": "step", "at": 6, "tell": "{fifo}", "then": "signal"}])
+    proc = start(config, run, env=pauses.env())
+    assert pauses.wait(1, ended=proc) is not None, proc.stderr.read()
+    pauses.close()
+    proc.send_signal(stop)  # as Ctrl-C or a scheduler would, while step 7 is under way
     assert proc.wait(timeout=60) == 130
     assert "checkpoint saved" in proc.stderr.read()
     stopped_at = int(latest_checkpoint(run).name.split("_")[1])
-    assert stopped_at >= 6
+    assert 6 < stopped_at < KILL_TRAIN["max_steps"]
     proc = start(config, run, "--resume")
     assert proc.wait(timeout=300) == 0
-    assert_same_run(run, ref)
+    assert_same_run(run, ref)  # the losses and the weights, bit for bit
 
 
 @pytest.mark.parametrize(

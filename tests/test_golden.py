@@ -1,7 +1,11 @@
-"""A tiny fixed-seed run must keep its loss curve: a change that should not move the numbers
-(a refactor, a faster kernel) shows here if it does. After a change that is meant to move them,
-regenerate with ``LM_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py`` and say why in the
-commit."""
+"""Tiny fixed-seed runs must keep their numbers bit for bit: a change that should not move them
+(a refactor, a faster kernel) shows here if it does. Each case pins its loss curve (every
+step's training loss and each evaluation's) and the trained model's logits on a fixed window,
+compared exactly: a run's numbers do not depend on the thread count (tests/test_jobs.py), so
+any difference is a change of the math. The cases: the fused kernel (SDPA), the notes' formula
+written out, a learned score bias, the Muon optimizer, and padded batches. After a change that
+is meant to move them, regenerate with ``LM_UPDATE_GOLDEN=1 python -m pytest -n 0
+tests/test_golden.py`` and say why in the commit."""
 
 from __future__ import annotations
 
@@ -10,11 +14,22 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from _support import losses, tiny_config
 
+from lm.runs.load import load_run
 from lm.training.loop import train
 
-GOLDEN = Path(__file__).parent / "golden" / "tiny_loss_curve.json"
+GOLDEN = Path(__file__).parent / "golden" / "tiny_runs.json"
+
+# (sections over tests/_support.TINY, steps): each small enough to train in a second or two.
+CASES = {
+    "fused": ({"model": {"kernel": "sdpa"}}, 20),
+    "explicit": ({"model": {"kernel": "math"}}, 10),
+    "learned-bias": ({"model": {"position": "t5"}}, 10),
+    "muon": ({"train": {"optimizer": "muon"}}, 10),
+    "padded": ({"data": {"mode": "padded"}}, 10),
+}
 
 
 def corpus(path: Path) -> Path:
@@ -40,22 +55,39 @@ def corpus(path: Path) -> Path:
     return path
 
 
-def test_tiny_run_reproduces_the_stored_loss_curve(tmp_path):
-    cfg = tiny_config(
-        data={"source": str(corpus(tmp_path / "c.txt")), "split_by": "line"},
-        train={"max_steps": 20, "log_every": 1, "eval_every": 10},
-    )
-    train(cfg, tmp_path / "run", quiet=True)
-    curve = {
-        "train_loss": {str(k): v for k, v in losses(tmp_path / "run").items()},
-        "val_loss": {str(k): v for k, v in losses(tmp_path / "run", "val_loss").items()},
+def numbers(run_dir: Path) -> dict:
+    """What a case pins: its losses, and its trained model's logits on one fixed window."""
+    run = load_run(run_dir)
+    ids = torch.arange(12).remainder(run.config.model.vocab_size)[None]
+    with torch.no_grad():
+        logits = run.model(ids)[0, -4:]  # (4, vocab): the last positions read every earlier one
+    return {
+        "train_loss": {str(k): v for k, v in losses(run_dir).items()},
+        "val_loss": {str(k): v for k, v in losses(run_dir, "val_loss").items()},
+        "logits": logits.tolist(),
     }
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_tiny_run_reproduces_its_stored_numbers_exactly(case, tmp_path):
+    sections, steps = CASES[case]
+    data = {"source": str(corpus(tmp_path / "c.txt")), "split_by": "line"}
+    cfg = tiny_config(
+        model=sections.get("model", {}),
+        data={**data, **sections.get("data", {})},
+        train={"max_steps": steps, "log_every": 1, "eval_every": steps // 2,
+               **sections.get("train", {})},
+    )  # fmt: skip
+    train(cfg, tmp_path / "run", quiet=True)
+    got = numbers(tmp_path / "run")
+    stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     if os.environ.get("LM_UPDATE_GOLDEN"):
-        GOLDEN.write_text(json.dumps(curve, indent=1) + "\n")
-    stored = json.loads(GOLDEN.read_text())
-    assert stored.keys() == curve.keys()
-    for key in stored:
-        assert stored[key].keys() == curve[key].keys()
-        for step, value in stored[key].items():
-            # Tight enough to catch any change of the math, loose enough for summation order.
-            assert curve[key][step] == pytest.approx(value, rel=1e-4), (key, step)
+        stored[case] = got
+        GOLDEN.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+    want = stored[case]
+    assert len(got["train_loss"]) == steps and len(got["val_loss"]) == 2
+    for key in ("train_loss", "val_loss"):
+        for step, value in want[key].items():
+            assert got[key].get(step) == value, (key, step, got[key].get(step), value)
+        assert got[key].keys() == want[key].keys()
+    assert got["logits"] == want["logits"]  # every float, bit for bit

@@ -77,10 +77,11 @@ def test_a_run_starts_from_another_on_new_data_and_context(source, tmp_path):
 @pytest.mark.parametrize(
     ("sets", "needle"),
     [
-        (["model.d_model=64"], "parameter embed.weight has shape"),
-        (["model.n_layer=3"], "parameter blocks.2.norm1.weight is not in its weights"),
+        (["model.d_model=64"], "model.d_model is 32 there and 64 here"),
+        (["model.n_layer=3"], "model.n_layer is 2 there and 3 here"),
         (["model.position=alibi"], "model.position is 'rope' there"),
-        (["model.position=learned"], "parameter pos_embed.weight is not in its weights"),
+        (["model.position=learned"], "model.position is 'rope' there and 'learned' here"),
+        (["model.normalize=ssmax"], "model.normalize is 'softmax' there and 'ssmax' here"),
     ],
 )
 def test_what_does_not_fit_is_refused_in_one_line(source, tmp_path, capsys, sets, needle):

@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from _support import assert_same_weights, losses, metrics, write_config
+from _support import Pauses, assert_same_weights, losses, write_config
 
 from lm.cli import main
 from lm.compare.jobs import Job, job_threads
@@ -99,16 +98,23 @@ def test_the_last_jobs_take_the_cores_the_others_leave(tmp_path):
     assert job_threads(2, 3, 5, [running(1, 10), running(1, 10)]) == 1  # more jobs than cores
 
 
-def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(sweeps):
+JOB = "__main__.py train "  # in a job's command line (python -m lm train ...), not lm compare's
+
+
+def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(sweeps, tmp_path):
     root, cfg = sweeps
     argv = _argv(cfg, root / "stopped", root / "cache", "train.max_steps=12", "--jobs", "2")
     command = [sys.executable, "-m", "lm", *[a for a in argv if a != "--quiet"]]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Each job stops before its third step and says so; Ctrl-C comes once both have.
+    pauses = Pauses(
+        tmp_path, [{"where": "step", "at": 2, "tell": "{fifo}", "then": "signal", "only": JOB}]
+    )
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, start_new_session=True, env=pauses.env()
+    )
     first = [root / "stopped" / f"position={s}" / "seed7" for s in SCHEMES[:2]]
-    deadline = time.monotonic() + 300
-    while not all(metrics(r) if (r / "metrics.jsonl").is_file() else [] for r in first):
-        assert time.monotonic() < deadline and process.poll() is None
-        time.sleep(0.2)
+    assert len(pauses.wait(2)) == 2, process.poll()
+    pauses.close()
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     _, err = process.communicate(timeout=300)
     assert process.returncode == 130, err
@@ -121,7 +127,7 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
     ), err
     assert "Traceback" not in err, err
     for run in first:
-        assert latest_checkpoint(run) is not None
+        assert 2 < int(latest_checkpoint(run).name.removeprefix("step_")) < 12
     assert not (root / "stopped" / f"position={SCHEMES[2]}").exists()  # never started
     assert main([*argv, "--quiet"]) == 0  # the same command: resumes both, trains the third
     for scheme in SCHEMES:
@@ -129,24 +135,36 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
             root / out / f"position={scheme}" / "seed7" for out in ("stopped", "jobs")
         )
         assert losses(resumed) == losses(whole)
+        assert_same_weights(resumed, whole)
 
 
-def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(sweeps, capsys):
+def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(
+    sweeps, capsys, tmp_path, monkeypatch
+):
     root, cfg = sweeps
     out = root / "failing"
     argv = _argv(cfg, out, root / "cache", "--jobs", "2")
-    # The second diverges at once, and hears of it at step 100, its first log, evaluation or
-    # checkpoint: by then the first, started beside it, is training, and saves a checkpoint
-    # when told to stop (a job told before its loop began would have none to save).
-    late = "+".join(f"train.{key}=100" for key in ("log_every", "eval_every", "checkpoint_every"))
-    argv[argv.index("--vary") + 1] = f"train.lr=3e-3,1e30+{late}"
+    # The second diverges at once and hears of it at its first log, but starts only once the
+    # first has reached its third step and said so: the first is training when told to stop,
+    # and saves a checkpoint (a job told before its loop began would have none to save).
+    pauses = Pauses(
+        tmp_path,
+        [
+            {"where": "step", "at": 2, "tell": "ready", "then": "signal", "only": "lr=3e-3"},
+            {"where": "step", "at": 0, "wait_for": "ready", "only": "lr=1e30"},
+        ],
+    )
+    for key, value in pauses.env().items():
+        monkeypatch.setenv(key, value)  # for the jobs this process starts
+    argv[argv.index("--vary") + 1] = "train.lr=3e-3,1e30"
     argv[argv.index("--set") + 1 : argv.index("--set") + 1] = ["train.max_steps=400"]
     assert main(argv) == 2
+    pauses.close()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "lr=1e30" in err[0] and "non-finite" in err[0], err
     healthy = out / "lr=3e-3" / "seed7"
     step = int(latest_checkpoint(healthy).name.removeprefix("step_"))
-    assert 0 < step < 400  # stopped early, with a checkpoint to resume from
+    assert 2 < step < 400  # stopped early, with a checkpoint to resume from
 
 
 def test_each_job_measures_its_run_and_the_report_equals_one_measured_alone(sweeps):

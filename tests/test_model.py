@@ -135,11 +135,21 @@ def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend(
             assert torch.isfinite(tiny(position)(torch.randint(0, 37, (1, 40)))).all()
 
 
-def test_sinusoidal_model_adds_the_notes_table_to_embeddings():
-    model = tiny("sinusoidal", n_layer=1)
+@pytest.mark.parametrize("scale", [True, False])
+def test_sinusoidal_model_adds_the_notes_table_to_embeddings(scale):
     from lm.model.position.embeddings import sinusoidal_table
 
-    torch.testing.assert_close(model.pos_embed.table, sinusoidal_table(16, 16))
+    model = tiny("sinusoidal", n_layer=1, scale_embeddings=scale)
+    ids = torch.randint(0, 37, (2, 12))
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda block, args: seen.append(args[0]))
+    with torch.no_grad():
+        model(ids)
+    # What the first block reads is E[w_l] + p_l, the notes' table at positions 0..11 (with
+    # model.scale_embeddings, Vaswani et al.'s sqrt(d) E[w_l] + p_l).
+    embedded = model.embed.weight[ids] * (4.0 if scale else 1.0)  # sqrt(16)
+    expected = embedded + sinusoidal_table(16, 16)[:12]
+    torch.testing.assert_close(seen[0], expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("position", ["alibi", "rope"])

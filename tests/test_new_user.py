@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -138,10 +139,23 @@ def test_messages_name_the_right_thing(run, tmp_path, capsys):
 def test_a_checkpoint_can_be_named(run, capsys):
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert len(names) >= 2, names
-    oldest = names[0]
-    assert main(["eval", str(run), "--checkpoint", oldest, "--max-batches", "1"]) == 0
-    assert main([*_commands(run)["sample"], "--checkpoint", oldest]) == 0
+    oldest, newest = names[0], names[-1]
     capsys.readouterr()
+
+    def loss(*checkpoint: str) -> float:
+        assert main(["eval", str(run), *checkpoint, "--max-batches", "1"]) == 0
+        result = json.loads((run / "eval.json").read_text())
+        assert Path(result["checkpoint"]).name == (checkpoint[1] if checkpoint else newest)
+        return result["rows"][0]["loss"]
+
+    assert loss("--checkpoint", oldest) != loss() == loss("--checkpoint", newest)
+
+    def sampled(*checkpoint: str) -> str:
+        sample = [*_commands(run)["sample"][:-1], "30"]  # long enough for the weights to show
+        assert main([*sample, *checkpoint]) == 0
+        return capsys.readouterr().out
+
+    assert sampled("--checkpoint", oldest) != sampled() == sampled("--checkpoint", newest)
     expect_error(capsys, ["eval", str(run), "--checkpoint", "step_99999999"], "--checkpoint")
 
 

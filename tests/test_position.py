@@ -84,13 +84,24 @@ def test_rope_batch_positions_match_per_row_positions():
 
 
 def test_rope_is_applied_to_queries_and_keys_not_values():
+    from lm.model.kernels import attention
+    from lm.model.masks import causal_mask
+
     torch.manual_seed(0)
-    mha, cfg = attention_layer(8, 1, position="rope", kernel="math")
-    x = torch.randn(1, 1, 8)
-    # One token attends only to itself: weight 1, so the output is W_O v whatever the rotation.
-    y = self_attend(mha, cfg, x, positions=torch.tensor([37]))
-    y0 = self_attend(mha, cfg, x, positions=torch.tensor([0]))
-    torch.testing.assert_close(y, y0)
+    mha, cfg = attention_layer(8, 2, position="rope", kernel="math")
+    x = torch.randn(1, 5, 8)
+    positions = torch.tensor([0, 3, 4, 9, 10])
+    # The layer's output is the notes' formula with q and k rotated at their positions and v
+    # left as it is.
+    q, k, v = mha.project(x)
+    q, k = apply_rope(q, positions), apply_rope(k, positions)
+    y, _ = attention(q, k, v, causal_mask(5))
+    expected = mha.out(y.transpose(1, 2).flatten(2))
+    got = self_attend(mha, cfg, x, positions=positions)
+    torch.testing.assert_close(got, expected)
+    # Where the tokens sit changes the output; shifting them all together does not.
+    assert not torch.allclose(got, self_attend(mha, cfg, x, positions=torch.arange(5)))
+    torch.testing.assert_close(self_attend(mha, cfg, x, positions=positions + 37), got)
 
 
 def test_alibi_slopes_and_bias():

@@ -4,6 +4,7 @@ windows, no cache) runs through few ``lm`` functions, lines and files, as counte
 
 import ast
 import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -60,3 +61,15 @@ def test_no_function_in_lm_is_over_80_lines():
                 if length > 80 and (path.name, node.name) != ("cli.py", "build_parser"):
                     long.append(f"{path.relative_to(ROOT)}:{node.name} ({length} lines)")
     assert long == []
+
+
+def test_the_performance_page_states_todays_figures_not_a_log():
+    text = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    assert len(re.findall(r"\b20\d\d-\d\d-\d\d\b", text)) <= 5  # each sitting's date, once
+
+
+def test_the_readme_names_no_commit_and_no_test_count():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not re.findall(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", text)
+    assert not re.findall(r"\b\d[\d,]* tests\b", text)

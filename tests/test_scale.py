@@ -234,7 +234,9 @@ def test_dist_timeout_reaches_init_process_group(monkeypatch):
 
 
 def _torchrun(fault: str, config: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = run_dir.parent / "rank0-done.fifo"  # rank 1 exits only once rank 0 has said its line
+    os.mkfifo(done)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LM_TEST_RANK0_DONE": str(done)}
     cmd = [
         # (torchrun ends the others 3 s after one process fails: time to print their lines)
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -283,9 +285,9 @@ def test_resume_stops_when_a_rank_lacks_the_checkpoint(tmp_path, two_process_con
     train(tiny_config(data={"cache_dir": str(tmp_path / "cache")}, train=cfg), tmp_path / "run",
           quiet=True)  # fmt: skip
     out = _torchrun("no-checkpoint-on-rank1", two_process_config, tmp_path / "run", "--resume")
-    # Each process refuses as the CLI refuses bad input (status 2); torchrun reports it as 1. On a
-    # loaded machine torchrun may end the slower process after the first one exits, so at least
-    # one status 2 and no hang (the timeout) is what holds on every machine.
+    # Each process refuses as the CLI refuses bad input (status 2); torchrun reports it as 1.
+    # Rank 0 exits first (rank 1 waits for it), and torchrun may end rank 1 soon after: at least
+    # one status 2, and no hang (the timeout).
     assert out.returncode != 0 and out.stderr.count("exitcode  : 2") >= 1, out.stderr[-3000:]
     lines = _stop_lines(out.stderr)
     assert len(lines) == 1, out.stderr[-3000:]  # said once, by rank 0

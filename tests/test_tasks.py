@@ -18,7 +18,7 @@ from lm.config.sections import DataConfig
 from lm.config.values import parse_task_lengths
 from lm.data.batches import TrainBatches, eval_batches, trained_targets
 from lm.data.sources import prepare_data
-from lm.data.tasks import evaluation_examples, training_examples
+from lm.data.tasks import TaskSettings, evaluation_examples, training_examples
 from lm.runs.load import load_run
 
 COPY = {
@@ -68,7 +68,7 @@ def memory_of(program: str) -> int:
 
 
 def test_a_flip_flop_program_writes_first_reads_last_and_its_answer_is_the_last_write():
-    programs = training_examples("flipflop", range(2, 40), 400, seed=3, ignore=0.8)
+    programs = training_examples("flipflop", range(2, 40), 400, 3, TaskSettings(ignore=0.8))
     for prompt, answer in programs:
         program = prompt + answer
         pairs = [program[i : i + 2] for i in range(0, len(program), 2)]
@@ -81,15 +81,17 @@ def test_a_flip_flop_program_writes_first_reads_last_and_its_answer_is_the_last_
         assert len(prompt) + len(answer) + 1 == task_tokens("flipflop", len(pairs))
     # The ignore rate is the paper's FFL(p): instructions between the first and the last.
     for rate in (0.1, 0.8, 0.98):
-        middle = "".join(p[2:-1:2] for p, _ in evaluation_examples("flipflop", 50, 200, 1, rate))
+        drawn = evaluation_examples("flipflop", 50, 200, 1, TaskSettings(ignore=rate))
+        middle = "".join(p[2:-1:2] for p, _ in drawn)
         assert abs(middle.count("i") / len(middle) - rate) < 0.02
         assert abs(middle.count("w") - middle.count("r")) / len(middle) < 0.03
     # Splits draw their own programs; the same split, the same programs.
-    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 0) != evaluation_examples(
-        "flipflop", 9, 5, 1, 0.8, 1
+    rate = TaskSettings(ignore=0.8)
+    assert evaluation_examples("flipflop", 9, 5, 1, rate, 0) != evaluation_examples(
+        "flipflop", 9, 5, 1, rate, 1
     )
-    assert evaluation_examples("flipflop", 9, 5, 1, 0.8, 2) == evaluation_examples(
-        "flipflop", 9, 5, 1, 0.8, 2
+    assert evaluation_examples("flipflop", 9, 5, 1, rate, 2) == evaluation_examples(
+        "flipflop", 9, 5, 1, rate, 2
     )
 
 
@@ -241,7 +243,25 @@ def test_a_tiny_model_learns_to_copy_and_lm_eval_reports_accuracy_by_length(tmp_
     assert f"| 1 | {rows[0]['accuracy']:.1%} | {rows[0]['correct']}/20 | yes |" in printed
 
 
-def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
+def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path, monkeypatch):
+    import statistics
+
+    import lm.compare.measure
+
+    # Four steps teach nothing (every answer wrong), so each run's answers are marked afresh,
+    # differently per scheme, seed and length, for the table's averaging to show: a cell is the
+    # mean over its lengths, then mean ± std over the seeds.
+    asked = lm.compare.measure.task_accuracy
+
+    def marked(run, *args, **kwargs):
+        rows = asked(run, *args, **kwargs)
+        rope, seed = run.config.model.position == "rope", run.config.train.seed
+        for row in rows:
+            row["correct"] = (3 * seed + 2 * row["length"] + 3 * rope) % (row["examples"] + 1)
+            row["accuracy"] = row["correct"] / row["examples"]
+        return rows
+
+    monkeypatch.setattr(lm.compare.measure, "task_accuracy", marked)
     config = write_config(
         tmp_path / "copy.yaml",
         data={**COPY, "task_examples": 200, "task_eval_examples": 5},
@@ -258,7 +278,16 @@ def test_lm_compare_reports_accuracy_against_length_over_seeds(tmp_path):
     for scheme in ("rope", "none"):
         row = next(line for line in section.splitlines() if line.startswith(f"| {scheme} | "))
         cells = row.strip().strip("|").split(" | ")
-        assert len(cells) == 5 and all(cell.strip().endswith("%") for cell in cells[1:]), row
+        assert len(cells) == 5, row
+        rope = scheme == "rope"
+        for cell, lengths in zip(cells[1:], ([1, 2, 3], [4], [5], [4, 5]), strict=True):
+            per_seed = [
+                statistics.mean((3 * seed + 2 * n + 3 * rope) % 6 / 5 for n in lengths)
+                for seed in (1, 2)
+            ]
+            mean, std = statistics.mean(per_seed), statistics.stdev(per_seed)
+            expected = f"{mean:.1%}" if std == 0 else f"{mean:.1%} ± {std:.1%}"
+            assert cell.strip() == expected, (scheme, lengths, row)
     assert (out / "accuracy_vs_length.png").is_file()
     # What task runs measure is drawn; a loss against contexts no example reaches is not.
     assert not (out / "loss_vs_context.png").exists()

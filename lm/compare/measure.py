@@ -39,7 +39,7 @@ from lm.config.load import load_config
 from lm.config.names import task_of
 from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
-from lm.data.tasks import evaluation_examples
+from lm.data.tasks import TaskSettings, evaluation_examples
 from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
 from lm.runs.checkpoint import latest_checkpoint, read_state
 from lm.runs.directory import CONFIG, METRICS, PROVENANCE, TOKENIZER
@@ -115,7 +115,7 @@ def report_prompt(evaluation: Evaluation, data: DataConfig) -> str:
     if task is None:
         return DEFAULT_PROMPT
     length = data.task_ranges()[0][-1]
-    return evaluation_examples(task, length, 1, data.seed, data.flipflop_ignore)[0][0]
+    return evaluation_examples(task, length, 1, data.seed, TaskSettings.of(data))[0][0]
 
 
 def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:

@@ -177,8 +177,9 @@ def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figu
 
 
 def accuracy_by_split(curves: dict[str, list[list[float]]], splits: Sequence[str], path) -> Path:
-    """A split task's errors (flip-flop's): for each split, one bar per group, its height the
-    mean error rate over seeds (1 - exact match), each seed a dot on it, so the spread shows."""
+    """A split task's errors (flip-flop's, counting's, selective copy's): for each split, one bar
+    per group, its height the mean error rate over seeds (1 - exact match), each seed a dot on
+    it, so the spread shows."""
     return _save(accuracy_by_split_figure(curves, splits), path)
 
 

@@ -28,15 +28,16 @@ from typing import Any
 from lm.compare import plots
 from lm.config.errors import LMError
 from lm.config.load import config_diff, flatten
+from lm.config.names import task_of
 from lm.config.sections import Config
 from lm.config.values import value_text
-from lm.data.tasks import FLIPFLOP_SPLITS
+from lm.data.tasks import TaskSettings, split_notes
 
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
 ACCURACY_PICTURE = "accuracy_vs_length.png"
 """Drawn too when the runs trained on a generated task."""
 SPLIT_PICTURE = "errors_by_split.png"
-"""Drawn instead for a task asked in splits (flip-flop)."""
+"""Drawn instead for a task asked in splits (flip-flop, counting, selective copy)."""
 # Keys that differ between runs without being what they compare.
 NOT_COMPARED = ("model.vocab_size", "train.seed")
 # Keys that change how a run is watched, saved or placed, not what it learns: the labels leave
@@ -347,7 +348,7 @@ def _trained_lengths(result: RunResult) -> range:
 
 
 def _key(row: dict[str, Any]) -> tuple[str | None, int]:
-    """What an accuracy row measured: its split (flip-flop's, else None) and its length."""
+    """What an accuracy row measured: its split (a split task's, else None) and its length."""
     return row.get("split"), row["length"]
 
 
@@ -357,9 +358,7 @@ def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[tuple[str |
     unseen length together. Flip-flop's: one column per split (and length, if several)."""
     first = next(r for r in results if r.accuracy is not None)
     if "split" in first.accuracy[0]:
-        asked = list(dict.fromkeys(_key(row) for r in results for row in r.accuracy or []))
-        several = len({length for _, length in asked}) > 1
-        return [(f"{s} @ {n}" if several else str(s), [(s, n)]) for s, n in asked]
+        return _split_bins(results, first)
     asked = sorted({row["length"] for r in results for row in r.accuracy or []})
     trained = [row["length"] for row in first.accuracy if row["trained"]]
     unseen = [n for n in asked if n not in trained]
@@ -373,6 +372,27 @@ def _accuracy_bins(results: list[RunResult]) -> list[tuple[str, list[tuple[str |
     if unseen and len(bins) > 2:
         bins.append(("all unseen", unseen))
     return [(name, [(None, n) for n in lengths]) for name, lengths in bins]
+
+
+def _split_bins(
+    results: list[RunResult], first: RunResult
+) -> list[tuple[str, list[tuple[str | None, int]]]]:
+    """A split task's columns: one per split when every run was asked at one length, else per
+    split its trained lengths and its longer ones (``dense @ 8–16``, ``dense @ 17–32``)."""
+    asked = list(dict.fromkeys(_key(row) for r in results for row in r.accuracy or []))
+    names = list(dict.fromkeys(s for s, _ in asked))
+    if len({length for _, length in asked}) == 1:
+        return [(str(s), [(s, n)]) for s, n in asked]
+    trained = {row["length"] for row in first.accuracy if row["trained"]}
+    bins = []
+    for name in names:
+        lengths = [n for s, n in asked if s == name]
+        inside = [n for n in lengths if n in trained]
+        outside = [n for n in lengths if n not in trained]
+        for group in (inside, outside):
+            if group:
+                bins.append((f"{name} @ {_span(group)}", [(name, n) for n in group]))
+    return bins
 
 
 def _span(lengths: list[int]) -> str:
@@ -459,16 +479,17 @@ def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
     first = next(r for r in results if r.accuracy is not None)
     examples = first.accuracy[0]["examples"]
     if "split" in first.accuracy[0]:
-        rates = ", ".join(
-            f"{name} {first.config.data.flipflop_ignore if rate is None else rate}"
-            for name, rate in FLIPFLOP_SPLITS
-        )
+        data = first.config.data
+        task = task_of(data.source)
+        what = "reads the memory of" if task == "flipflop" else "answers"
+        noun = "flip-flop programs" if task == "flipflop" else f"{task} prompts"
         return [
             "## Exact-match accuracy by split",
             "",
-            f"Each run reads the memory of {examples} flip-flop programs per split "
+            f"Each run {what} {examples} {noun} per split and length "
             f"greedily (`lm.evaluate.task_accuracy`, the code behind `lm eval`); the splits' "
-            f"ignore rates: {rates}. A cell is the accuracy, mean ± std over seeds.",
+            f"{split_notes(task, TaskSettings.of(data))}. A cell is the accuracy (the mean "
+            "over its lengths), mean ± std over seeds.",
             "",
             *_accuracy_table(g.header, g.trained),
             "",

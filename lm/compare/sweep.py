@@ -38,7 +38,7 @@ from lm.compare.measure import (
     measure_run,
     report_prompt,
 )
-from lm.compare.report import write_report
+from lm.compare.report import HOUSEKEEPING, write_report
 from lm.compare.side_by_side import auto_jobs
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
@@ -196,6 +196,27 @@ def _refuse_shared_folders(key: str, texts: list[str], folders: list[Path]) -> N
                 )
 
 
+def _refuse_other_sweep(out_dir: Path, key: str | None, planned: list[Path]) -> None:
+    """A folder holding the runs of a sweep over another key is refused before any training:
+    its report would count two sweeps' runs (and one config's runs under two names) as one."""
+    ours = key.split(".")[-1] if key else None
+    if not out_dir.is_dir():
+        return
+    for config in sorted(out_dir.rglob(CONFIG)):
+        run = config.parent
+        if run in planned or run == out_dir:
+            continue
+        top = run.relative_to(out_dir).parts[0]
+        theirs = top.partition("=")[0] if "=" in top else None
+        if theirs != ours:
+            what = f"a sweep of {theirs}" if theirs else "runs of one config"
+            raise LMError(
+                f"--out {out_dir}: holds {what} ({run.relative_to(out_dir)}); "
+                f"{'a sweep of ' + ours if ours else 'this config'} goes to another --out, so "
+                "that no report counts the two as one sweep"
+            )
+
+
 def _finished(state: dict[str, Any], tc: TrainConfig) -> bool:
     """Trained to ``max_steps``, or stopped early because it reached ``target_loss``."""
     if state["step"] >= tc.max_steps:
@@ -266,6 +287,7 @@ def run_sweep(
         _refuse_shared_folders(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
+    _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
     if jobs == "auto":
         jobs = _auto_jobs(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
@@ -403,6 +425,25 @@ def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
         raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
 
 
+def _once(configs: dict[Path, Config], log: Callable[[str], None]) -> dict[Path, Config]:
+    """The runs, each config and seed once: a run that trained the same config with the same
+    seed as an earlier one (two sweeps' folders for one setting) is left out, saying so."""
+    kept: dict[Path, Config] = {}
+    for run_dir, config in configs.items():
+        same = next((d for d, c in kept.items() if _same_run(c, config)), None)
+        if same is None:
+            kept[run_dir] = config
+        else:
+            log(f"compare: {run_dir} trained the same config and seed as {same}: counted once")
+    return kept
+
+
+def _same_run(a: Config, b: Config) -> bool:
+    """Whether two configs train the same numbers: no key differs but housekeeping."""
+    ignored = {*HOUSEKEEPING, "model.vocab_size"}
+    return all(name in ignored for name in config_diff(a, b))
+
+
 def report(
     run_dirs: list[Path],
     out_dir: str | Path = DEFAULT_OUT,
@@ -419,7 +460,7 @@ def report(
     trained), the other runs once."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
-    configs = {Path(d): load_config(Path(d) / CONFIG) for d in run_dirs}
+    configs = _once({Path(d): load_config(Path(d) / CONFIG) for d in run_dirs}, log)
     if evaluation.rope_scalings is not None:
         _check_rope(c.model.layer_positions for c in configs.values())
     prompt = report_prompt(evaluation, next(iter(configs.values())).data)

@@ -42,6 +42,9 @@ class SchemeRow:
     """It rotates queries and keys by RoPE's angles, so it reads the ``model.rope_*`` keys."""
     even: tuple[str, ...] = ()
     """The widths it splits into pairs, each a ``ModelConfig`` attribute that must be even."""
+    reads_positions: bool = True
+    """It reads token positions; FoX's forgetting and CoPE's counting are gates over the
+    sequence's order instead, and ``none`` reads nothing."""
 
 
 SCHEMES = {
@@ -56,14 +59,23 @@ SCHEMES = {
         SchemeRow("fire", Place.SCORES, "biases:FIRE", learned_bias=True),
         SchemeRow("sandwich", Place.SCORES, "biases:Sandwich", even=("d_model",)),
         SchemeRow("xpos", Place.QUERIES_AND_KEYS, "rope:XPos", rotary=True, even=("head_dim",)),
-        SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True),
-        SchemeRow("cope", Place.SCORES, "content:CoPE", learned_bias=True, flex=False),
+        SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True, reads_positions=False),
+        SchemeRow(
+            "cope",
+            Place.SCORES,
+            "content:CoPE",
+            learned_bias=True,
+            flex=False,
+            reads_positions=False,
+        ),
         SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
         SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
         SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
         SchemeRow("dape", Place.SCORES, "dape:DAPE", learned_bias=True, flex=False),
-        SchemeRow("path", Place.SCORES, "path:PaTH", learned_bias=True, flex=False),
-        SchemeRow("none", Place.NOTHING, "base:NoPosition"),
+        SchemeRow(
+            "path", Place.SCORES, "path:PaTH", learned_bias=True, flex=False, reads_positions=False
+        ),
+        SchemeRow("none", Place.NOTHING, "base:NoPosition", reads_positions=False),
     )
 }
 """Every ``model.position``, one row each: the one table of position schemes. A new scheme is
@@ -78,6 +90,13 @@ LEARNED_BIASES = tuple(n for n, row in SCHEMES.items() if row.learned_bias)
 NO_FLEX = tuple(n for n, row in SCHEMES.items() if not row.flex)
 ROTARY = tuple(n for n, row in SCHEMES.items() if row.rotary)
 EMBEDDED = tuple(n for n, row in SCHEMES.items() if row.place is Place.EMBEDDINGS)
+NO_POSITIONS = tuple(n for n, row in SCHEMES.items() if not row.reads_positions)
+"""The schemes that read no token positions, so that ``model.random_positions`` has nothing to
+change."""
+
+XPOS_REACH = 64
+"""xPos's positions stay below ``XPOS_REACH * model.xpos_scale_base``: there its largest key
+scale is ``3.5^64``, about 7e34, a margin under fp32's 3.4e38 for the keys it multiplies."""
 
 NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
@@ -95,8 +114,24 @@ SPLIT_BY = ("file", "line", "paragraph")
 VAL_SPLITS = ("tail", "random")
 BUILTIN_TOKENIZERS = ("char", "byte", "bpe")
 
-TASKS = ("copy", "reverse", "addition", "flipflop")
-"""The generated tasks (``lm.data.tasks``)."""
+TASKS = (
+    "copy",
+    "reverse",
+    "addition",
+    "flipflop",
+    "counting",
+    "selective_copy",
+    "mqar",
+    "indexing",
+    "parity",
+)
+"""The generated tasks (``lm.data.tasks``); new ones go last (an index seeds a task's draws)."""
+
+HINTS = 26
+"""Index hints of ``builtin:addition`` (the letters a-z): a number has at most this many digits."""
+
+LETTER_TASKS = {"mqar": "key-value pairs (one distinct letter a key)", "indexing": "letters"}
+"""Tasks whose length counts distinct letters, so at most 26 of them."""
 
 BUILTINS = ("python-docs", *TASKS)
 """``data.source: builtin:NAME``: CPython's help topics, or a generated task."""
@@ -114,12 +149,27 @@ def task_of(source: str) -> str | None:
     return name if source.strip().startswith("builtin:") and name in TASKS else None
 
 
-def task_tokens(task: str, length: int) -> int:
+def task_tokens(task: str, length: int, hints: bool = False) -> int:
     """Characters of the longest example of ``task`` at ``length`` with its end of document:
     prompt, answer and ``<eod>`` (``lm.data.tasks`` writes them; for addition the answer may
-    carry one more digit). The config checks with it that examples fit the context."""
+    carry one more digit, each digit after its index hint with ``hints``). The config checks
+    with it that examples fit the context."""
     if task == "addition":
-        return (2 * length + 2) + (length + 1) + 1  # a+b= then the sum then <eod>
+        width = 2 if hints else 1  # characters per digit
+        return width * (2 * length) + 2 + width * (length + 1) + 1  # a+b= then the sum, <eod>
     if task == "flipflop":
         return 2 * length + 1  # length instructions of two characters, then <eod>
-    return (length + 1) + length + 1
+    if task == "counting":
+        return 5 * length + len("print x=") + len("10") + 1  # statements of at most 5 characters
+    if task == "mqar":
+        # the pairs, then 3 slots a pair: length queries of 3 characters, the rest blank
+        return 2 * length + 3 * length + 2 * length + 1
+    if task == "indexing":
+        return length + len("|a+25=") + 1 + 1  # letters, the query, the answer, <eod>
+    if task == "parity":
+        return length + 1 + 1 + 1
+    return (length + 1) + length + 1  # copy, reverse, selective copy
+
+
+SPLITS = ("val", "train")
+"""The splits ``lm eval --split`` and ``lm.loss_at(split=...)`` read."""

@@ -19,6 +19,7 @@ from lm.config.names import (
     DTYPES,
     KERNELS,
     NO_FLEX,
+    NO_POSITIONS,
     NORMALIZATIONS,
     ON_NONFINITE,
     OPTIMIZERS,
@@ -27,12 +28,10 @@ from lm.config.names import (
     SCHEDULES,
     SCHEMES,
     SPLIT_BY,
-    TASKS,
     VAL_SPLITS,
     Place,
-    task_of,
-    task_tokens,
 )
+from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
 
 RANDOM_POSITIONS_MAX = 1 << 16
@@ -122,6 +121,10 @@ class ModelConfig:
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
     read 0..L-1. null: off."""
+    random_positions_eval: bool = False
+    """With random_positions: draw them at evaluation too, at every forward pass (lm eval, a
+    task's accuracy, validation; decoding then runs without a KV cache), as Ruoss et al.'s code
+    does; false: evaluation and sampling read 0..L-1."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     normalize: str = "softmax"
@@ -167,13 +170,13 @@ class ModelConfig:
             )
         if self.position != "sinusoidal" and not self.scale_embeddings:
             raise ConfigError(
-                f"model.scale_embeddings: applies to position: sinusoidal only (this model uses "
-                f"{self.position})"
+                f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
             )
         self._check_widths()
         self._check_rope()
         self._check_scheme_keys()
         self._check_random_positions()
+        self._check_random_positions_eval()
         self._check_normalize()
         self._check_window()
         # Each layer's window, n_layer of them (None: every key).
@@ -259,8 +262,16 @@ class ModelConfig:
                 f"{self.context_length}; training draws a sequence's positions from [0, M), so "
                 "M must be at least the longest sequence"
             )
-        if set(self.layer_positions) == {"none"}:
-            raise ConfigError("model.random_positions: position: none reads no positions")
+        if set(self.layer_positions) <= set(NO_POSITIONS):
+            text = self.position_text  # none, fox or cope: no position is read
+            raise ConfigError(f"model.random_positions: position: {text} reads no positions")
+
+    def _check_random_positions_eval(self) -> None:
+        if self.random_positions_eval and self.random_positions is None:
+            raise ConfigError(
+                "model.random_positions_eval: draws model.random_positions at evaluation too; "
+                "set model.random_positions (M) first"
+            )
 
     def _check_position(self) -> None:
         """One scheme, or one per layer (read back as ``layer_positions``)."""
@@ -302,8 +313,8 @@ class ModelConfig:
             )
 
     def _check_scheme_keys(self) -> None:
-        """Each scheme's own keys within their range; like ``rope_base``, read only by a model
-        that uses the scheme (so one config can hold them for a sweep over ``model.position``)."""
+        """Each scheme's keys within its range; read only by a model that uses their scheme (as
+        ``rope_base``), so that one config can hold them for a sweep over ``model.position``."""
         _choice("model", "dape_bias", self.dape_bias, ("kerple", "alibi"))
         _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
         if self.t5_buckets < 2:
@@ -444,10 +455,20 @@ class DataConfig:
     flipflop_ignore: float = 0.8
     """builtin:flipflop: the probability that an instruction between the first write and the
     last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""
+    counting_variables: int = 3
+    """builtin:counting: variables a program may use, 1 to 3 (x, y, z)."""
+    selective_copy_density: float = 0.25
+    """builtin:selective_copy: the share of positions holding a symbol to copy, in (0, 1];
+    evaluated also at twice it (dense, at most 1) and half (sparse)."""
+    addition_hints: bool = False
+    """builtin:addition: each digit preceded by a letter naming its place (index hints, Zhou et
+    al. 2023/2024); a number then has at most 26 digits."""
+    addition_reversed: bool = False
+    """builtin:addition: numbers and sums written least significant digit first (Zhou et al.)."""
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
-    """Where tokenized data is cached; default $LM_CACHE or ~/.cache/lm."""
+    """Where tokenized data is cached; default $LM_CACHE, $XDG_CACHE_HOME/lm or ~/.cache/lm."""
 
     def __post_init__(self) -> None:
         s = "data"
@@ -471,38 +492,13 @@ class DataConfig:
         self._check_task()
 
     def _check_task(self) -> None:
-        """A builtin: that exists; a task's own keys set only for a task, each within range."""
+        """A builtin: that exists; a task's own keys set only for a task, each within range
+        (:mod:`lm.config.tasks`)."""
         source = self.source.strip()
         if source.startswith("builtin:") and source.removeprefix("builtin:") not in BUILTINS:
             known = ", ".join(f"builtin:{b}" for b in BUILTINS)
             raise ConfigError(f"data.source: unknown builtin {source!r} (builtins: {known})")
-        keys = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
-        task = task_of(source)
-        if task != "flipflop" and self.flipflop_ignore != DataConfig.flipflop_ignore:
-            raise ConfigError("data.flipflop_ignore: applies to data.source: builtin:flipflop only")
-        if task is None:
-            for key in keys:
-                if getattr(self, key) != DataConfig.__dataclass_fields__[key].default:
-                    tasks = ", ".join(f"builtin:{t}" for t in TASKS)
-                    raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
-            return
-        if not 0.0 <= self.flipflop_ignore < 1.0:
-            raise ConfigError(
-                f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
-                f"got {self.flipflop_ignore!r}"
-            )
-        _positive("data", self, "task_eval_examples")
-        if self.task_examples < 2:
-            raise ConfigError(
-                f"data.task_examples: {self.task_examples}; at least 2 (one to train on, one to "
-                "validate on)"
-            )
-        for key, lengths in zip(keys[:2], self.task_ranges(), strict=True):
-            if task == "flipflop" and lengths[0] < 2:
-                raise ConfigError(
-                    f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
-                    f"then a read), got {getattr(self, key)!r}"
-                )
+        check_task(self, DataConfig.__dataclass_fields__)
 
     def task_ranges(self) -> tuple[range, range]:
         """A task's training and evaluation lengths."""
@@ -679,19 +675,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        task = task_of(self.data.source)
-        if task is None:
-            return
-        C = self.model.context_length
-        keys = ("task_lengths", "task_eval_lengths")
-        for key, lengths in zip(keys, self.data.task_ranges(), strict=True):
-            longest = task_tokens(task, lengths[-1])
-            if longest - 1 > C:  # its inputs: every token but the last target
-                raise ConfigError(
-                    f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
-                    f"tokens with <eod>, more than model.context_length={C} + 1; raise the "
-                    "context or shorten the lengths"
-                )
+        check_task_fits(self.data, self.model.context_length)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from lm.config.errors import ConfigError
+from lm.config.errors import ConfigError, LMError
 from lm.config.names import ROPE_SCALINGS
 
 
@@ -142,3 +142,49 @@ def parse_task_lengths(text: str | int, key: str) -> range:
     if not 1 <= lo <= hi:
         raise ConfigError(f"{key}: {text!r} must go from a length >= 1 up to one >= it")
     return range(lo, hi + 1)
+
+
+def whole_number(value: Any, at_least: int, name: str = "") -> int:
+    """``value`` (an int, or its text from a flag) if it is a whole number of at least
+    ``at_least``; else an LMError naming ``name`` (a flag's own parser names the flag itself).
+    The command line's flags and the Python API's arguments are checked by this one function."""
+    prefix = f"{name}: " if name else ""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise LMError(f"{prefix}{value!r} is not an integer")
+    if number < at_least:
+        raise LMError(f"{prefix}{value!r} must be at least {at_least}")
+    return number
+
+
+def finite_at_least_zero(value: Any, name: str = "") -> float:
+    """``value`` (a number, or its text) if it is a finite number >= 0 (a temperature); else an
+    LMError naming ``name``, as :func:`whole_number`."""
+    prefix = f"{name}: " if name else ""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        raise LMError(f"{prefix}{value!r} is not a number") from None
+    if not (number >= 0.0 and math.isfinite(number)):
+        raise LMError(f"{prefix}{value!r} must be a finite number >= 0")
+    return number
+
+
+def checked_text(text: Any, where: str) -> str:
+    """``text`` if it is Unicode text; bytes that are not UTF-8 reach Python as lone surrogates
+    (argv and standard input decode with ``surrogateescape``), which no tokenizer can take."""
+    if not isinstance(text, str):
+        raise LMError(f"{where}: {text!r} is not text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[e.start].encode("utf-8", "surrogateescape")
+        raise LMError(
+            f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
+        ) from None
+    return text

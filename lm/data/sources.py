@@ -6,7 +6,7 @@
    line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
    Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
    trainer works offline on any machine). Empty documents are skipped: they hold nothing to
-   predict. A generated task (``builtin:copy``, ``reverse``, ``addition``: :mod:`lm.data.tasks`)
+   predict. A generated task (``builtin:copy``, ``counting``, ``mqar``...: :mod:`lm.data.tasks`)
    gives one document per example, with where its answer starts.
 2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
    either the tail of the source or documents drawn with a seed. A single document is split by
@@ -27,6 +27,7 @@ import contextlib
 import functools
 import glob
 import hashlib
+import itertools
 import json
 import os
 import platform
@@ -45,8 +46,10 @@ import numpy as np
 from lm.config.errors import DataError
 from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
 from lm.config.sections import DataConfig
-from lm.data.tasks import training_examples
+from lm.config.tasks import TASK_OWN_KEYS
+from lm.data.tasks import TaskSettings, alphabet, training_examples
 from lm.data.tokenizer import TextTokenizer, train_tokenizer
+from lm.runtime.choices import cache_dir
 
 if TYPE_CHECKING:
     # Imported where documents are read or tokenized: a run whose token ids are cached never
@@ -57,6 +60,7 @@ LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parqu
 SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
 HUB_VAL_SPLITS = ("validation", "valid", "test")
 CACHE_FORMAT = 1
+DATA_DEFAULTS = DataConfig.__dataclass_fields__
 # Below this much text one process tokenizes faster than a pool of workers starts up.
 SMALL_CORPUS_CHARS = 2_000_000
 
@@ -185,6 +189,9 @@ def _prepare_data(
     data = PreparedData(tokenizer, train, val, folder)
     for name, split in (("train", data.train), ("val", data.val)):
         log(f"data: {name} {split.n_tokens:,} tokens in {split.n_docs:,} documents")
+    given = tokenizer_path or (cfg.tokenizer if cfg.tokenizer not in BUILTIN_TOKENIZERS else None)
+    if tokenizer.unk_id is not None and given is not None:  # not trained on this text
+        _refuse_mostly_unknown(data, given)
     if tokenizer.unk_id is not None:
         unknown = int(np.count_nonzero(data.val.tokens == tokenizer.unk_id))
         if unknown:
@@ -192,12 +199,32 @@ def _prepare_data(
     return data
 
 
+MOSTLY_UNKNOWN = 0.5
+"""The share of a training split's characters outside a given vocabulary above which a run on
+it would train on little but ``<unk>``, and is refused."""
+
+
+def _refuse_mostly_unknown(data: PreparedData, tokenizer_path: str | Path) -> None:
+    """A tokenizer not trained on this text (``--init-from`` another task's run, or
+    ``data.tokenizer`` a file) that knows too few of its characters is refused in one line."""
+    tokens = data.train.tokens
+    if not len(tokens):
+        return
+    share = int(np.count_nonzero(tokens == data.tokenizer.unk_id)) / len(tokens)
+    if share > MOSTLY_UNKNOWN:
+        raise DataError(
+            f"data: {share:.0%} of the training split's characters are not in the vocabulary of "
+            f"{tokenizer_path} and would all train as <unk>: its weights and tokenizer know "
+            "other symbols (start this data from a run trained on text like it)"
+        )
+
+
 def _silent(message: str) -> None:
     pass
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser()
+    return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_dir()
 
 
 def _hash(obj: Any) -> str:
@@ -225,6 +252,10 @@ def _resolve_source(cfg: DataConfig) -> _Source:
             settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
             if name == "flipflop":
                 settings["ignore"] = cfg.flipflop_ignore
+            # A task's own settings, named only when they are not the defaults: the examples
+            # (and so the cache) of a task written before they existed stay the same.
+            own = {k: getattr(cfg, k) for k in TASK_OWN_KEYS if k != "flipflop_ignore"}
+            settings.update({k: v for k, v in own.items() if v != DATA_DEFAULTS[k].default})
             return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
         # The help topics change with the Python release that ships them.
         return _Source("builtin", {"builtin": name, "python": platform.python_version()})
@@ -286,7 +317,7 @@ def _load_documents(
     if source.kind == "task":
         task = task_of(cfg.source)
         pairs = training_examples(
-            task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed, cfg.flipflop_ignore
+            task, cfg.task_ranges()[0], cfg.task_examples, cfg.seed, TaskSettings.of(cfg)
         )
         pairs = pairs[: cfg.max_documents]
         prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
@@ -559,6 +590,9 @@ def _tokenizer(
     docs = training_docs()
     log(f"tokenizer: training {cfg.tokenizer} on the training split")
     texts = (text for batch in docs.iter(batch_size=1000) for text in batch["text"])
+    task = task_of(cfg.source)
+    if task is not None:  # every character the task can write, seen in training or not
+        texts = itertools.chain(texts, [alphabet(task, TaskSettings.of(cfg))])
     tokenizer = train_tokenizer(cfg.tokenizer, texts, vocab_size)
     log(f"tokenizer: {cfg.tokenizer}, {tokenizer.vocab_size} tokens")
     path.parent.mkdir(parents=True, exist_ok=True)

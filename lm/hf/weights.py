@@ -227,7 +227,7 @@ def check_exportable(cfg: ModelConfig) -> None:
             f"model.normalize: {cfg.normalize} cannot be exported: GPT-NeoX, GPT-2 and MPT "
             "normalize scores with the softmax"
         )
-    if cfg.window is not None:
+    if any(w is not None for w in cfg.layer_windows):  # [null, null] reads every key
         raise CannotExpress(
             f"model.window: {value_text(cfg.window)} cannot be exported: GPT-NeoX, GPT-2 and MPT "
             "read every key (transformers' sliding windows belong to other architectures)"

@@ -129,9 +129,10 @@ def random_positions(
     trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
     length]``, drawn from torch's generator (a checkpoint keeps its state).
 
-    lm draws them in training only (``build_plan``); evaluation and sampling read ``0 .. n-1``.
-    The paper's code (google-deepmind/randomized_positional_encodings) draws them at every call,
-    evaluation included, and one draw per batch rather than per sequence."""
+    lm draws them in training (``build_plan``); evaluation and sampling read ``0 .. n-1``, unless
+    ``model.random_positions_eval`` draws them there too, as the paper's code
+    (google-deepmind/randomized_positional_encodings) does at every call (its draw is one per
+    batch rather than per sequence)."""
     starts = torch.zeros(batch, length, dtype=torch.bool, device=device)
     for marks in (key_mask, segments):  # a run ends where padding or the document changes
         if marks is not None:

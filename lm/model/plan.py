@@ -113,7 +113,9 @@ def build_plan(
 ) -> Plan:
     """The plan of a pass over ``input_ids [B, T]``, ``key_mask [B, T]`` (True = real token),
     ``segments [B, T]`` (each token's document) and ``cache`` (whose newest slots these tokens
-    took); ``kernel`` replaces ``config.kernel``; ``causal=False``: every query reads every key."""
+    took); ``kernel`` replaces ``config.kernel``; ``causal=False``: every query reads every key.
+    Positions are drawn at random (``model.random_positions``) in training, and with
+    ``model.random_positions_eval`` in every pass without a cache."""
     (B, T), device = input_ids.shape, input_ids.device
     first = 0  # the new tokens' first slot
     if cache is not None:  # each row counting on from its own real tokens
@@ -127,7 +129,8 @@ def build_plan(
     else:
         dense = dense_keys = torch.arange(T, device=device)
     positions, key_positions, limit = dense, dense_keys, first + T  # windows read dense ones
-    if training and cache is None and config.random_positions is not None:
+    drawn = training or config.random_positions_eval  # Ruoss et al.'s code draws at every call
+    if drawn and cache is None and config.random_positions is not None:
         limit = config.random_positions  # (lm.model.masks.random_positions)
         positions = key_positions = random_positions(B, T, limit, key_mask, segments, device)
     windows = sorted(set(config.layer_windows) - {None})

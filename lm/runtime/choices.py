@@ -3,10 +3,12 @@
 Which autocast dtype trains faster on a CPU depends on the CPU (Intel's AMX tiles, AVX-512-BF16
 dot products, or neither), on the attention kernel and on the model's shape, and a table of CPU
 kinds is wrong on the next CPU. So a choice left to ``auto`` is timed on this machine, once, for
-the run's own shape, and the answer is kept in ``choices.json`` under ``$LM_CACHE`` (default
-``~/.cache/lm``), keyed by what decides it: the CPU's model name, torch's version, the device and
-the shape. Later runs read it: the first pays a few seconds, the rest nothing. ``lm choices``
-prints the file and what it holds; ``lm choices --clear`` empties it.
+the run's own shape, and the answer is kept in ``choices.json`` under ``$LM_CACHE`` (else
+``$XDG_CACHE_HOME/lm``, else ``~/.cache/lm``), keyed by what decides it: the CPU's model name,
+torch's version, the device and the shape. Later runs read it: the first pays a few seconds,
+the rest nothing. ``lm choices`` prints the file and what it holds; ``lm choices --clear``
+empties it. A damaged or foreign file, or entry, counts as absent; a file that cannot be
+written leaves the measurement used but not kept, and the run's record says so.
 
 ``LM_TUNE=off`` turns measuring off (the test suite does, so that its choices are fixed), and
 so does ``lm compare`` for its runs (:func:`fixed`), so that two jobs at once never time each
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -39,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lm.config.errors import LMError
+
 FILE = "choices.json"
 
 BUSY_SLACK = 0.25
@@ -46,9 +51,20 @@ BUSY_SLACK = 0.25
 free: a quiet machine's own housekeeping stays well under it, a second program does not."""
 
 
+def cache_dir() -> Path:
+    """lm's cache folder (measured choices, tokenized data): ``$LM_CACHE``, else
+    ``$XDG_CACHE_HOME/lm`` (an absolute path, as the XDG spec asks; a relative one is ignored),
+    else ``~/.cache/lm``."""
+    if folder := os.environ.get("LM_CACHE"):
+        return Path(folder).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.cache").expanduser()
+    return base / "lm"
+
+
 def cache_file() -> Path:
-    """Where measured choices are kept: ``$LM_CACHE/choices.json`` (default ``~/.cache/lm``)."""
-    return Path(os.environ.get("LM_CACHE") or "~/.cache/lm").expanduser() / FILE
+    """Where measured choices are kept: ``choices.json`` in :func:`cache_dir`."""
+    return cache_dir() / FILE
 
 
 SWEEP_RUN = "sweep-run"
@@ -125,33 +141,81 @@ def key(kind: str, context: dict[str, Any]) -> str:
     return json.dumps(entry, sort_keys=True, default=str)
 
 
-def read() -> dict[str, dict[str, Any]]:
-    """Every kept choice by its key; a file that is not one this module wrote counts as empty
-    (it is rewritten at the next measurement)."""
+def _valid(key: str, entry: Any) -> bool:
+    """Whether a kept entry is one this module wrote: its key a JSON object naming its kind,
+    its value a text, its timings finite numbers by candidate, its date a text."""
     try:
-        entries = json.loads(cache_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
+        what = json.loads(key)
+    except ValueError:
+        return False
+    if not (isinstance(what, dict) and isinstance(what.get("kind"), str)):
+        return False
+    if not (isinstance(entry, dict) and isinstance(entry.get("value"), str)):
+        return False
+    ms = entry.get("ms_per_step", {})
+    if not isinstance(ms, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        for v in ms.values()
+    ):
+        return False
+    return isinstance(entry.get("measured", ""), str)
 
 
-def _write(entries: dict[str, dict[str, Any]]) -> None:
-    """Replace the file whole (a crash mid-write leaves the old one), best effort: a cache that
-    cannot be written costs the next run a measurement, not its training."""
+def load() -> tuple[dict[str, dict[str, Any]], str]:
+    """Every kept choice by its key, and what was ignored ('' where nothing was): a file that
+    cannot be read or is not JSON counts as empty, an entry this module did not write (a
+    damaged or foreign one) is skipped; either is replaced at the next measurement."""
     path = cache_file()
     try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, ""
+    except IsADirectoryError:
+        return {}, f"{path} is a folder, not a file"
+    except OSError as e:
+        return {}, f"{path} cannot be read ({e.strerror or e})"
+    except (ValueError, UnicodeDecodeError):
+        return {}, f"{path} is not JSON"
+    if not isinstance(entries, dict):
+        return {}, f"{path} is not a JSON object"
+    kept = {k: v for k, v in entries.items() if _valid(k, v)}
+    skipped = len(entries) - len(kept)
+    return kept, f"{skipped} entr{'y' if skipped == 1 else 'ies'} not of lm's" if skipped else ""
+
+
+def read() -> dict[str, dict[str, Any]]:
+    """Every kept choice by its key (:func:`load`, less what it ignored)."""
+    return load()[0]
+
+
+def _write(entries: dict[str, dict[str, Any]]) -> str:
+    """Replace the file whole (a crash mid-write leaves the old one); '' where it was written,
+    else why not: a cache that cannot be written costs the next run a measurement, not its
+    training, and the caller says that it was not kept."""
+    path = cache_file()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(entries, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        return f"{path} could not be written ({e.strerror or e})"
+    return ""
 
 
 def clear() -> int:
-    """Forget every kept choice; returns how many there were."""
+    """Forget every kept choice; returns how many there were. A cache that cannot be removed
+    (a folder in its place, under a file, read-only) is an LMError naming it."""
+    path = cache_file()
     count = len(read())
-    cache_file().unlink(missing_ok=True)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "a folder, not a file lm wrote; left as it is")
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise LMError(f"lm choices --clear: cannot remove {path} ({e.strerror or e})") from None
     return count
 
 
@@ -167,10 +231,11 @@ def choose(
     each of ``candidates`` (name -> a function timing one step, in seconds) is timed in turn,
     interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step.
     ``cpus_used``: the CPUs the measurement keeps busy (default: all), so that other work on
-    the rest does not count against it; a measurement beside more is not kept."""
+    the rest does not count against it; a measurement beside more, or one the cache cannot
+    hold (its file cannot be written), is used but not kept, and says why."""
     k = key(kind, context)
     kept = read().get(k)
-    if kept and kept.get("value") in candidates:
+    if kept and kept["value"] in candidates:
         return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
     watch = OtherWork()
     ms = (measure or interleaved)(candidates)
@@ -183,8 +248,56 @@ def choose(
         "ms_per_step": ms,
         "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    _write(entries)
-    return Choice(value, "measured", ms)
+    return Choice(value, "measured", ms, not_kept=_write(entries))
+
+
+SHOWN = ("d_model", "n_layer", "context_length")
+"""The model's keys every row of ``lm choices`` names; others where the rows differ in them."""
+
+
+def rows(entries: dict[str, dict[str, Any]]) -> list[str]:
+    """``lm choices``' rows, one per kept choice: the kind, the value, each candidate's
+    timing, the date, and the shape: the model's size, the batch and threads, and every other
+    setting in which two rows differ (the position scheme, the window ...), so that no two
+    rows read alike."""
+    whats = [json.loads(k) for k in entries]
+    flat = [_flat(w) for w in whats]
+    fixed = {"kind", "cpu", "torch", *(f"model.{k}" for k in SHOWN)}
+    differ: dict[str, list[str]] = {}  # by kind: the settings in which its rows differ
+    for kind in {w["kind"] for w in whats}:
+        same = [f for f in flat if f["kind"] == kind]
+        names = {name for f in same for name in f} - fixed
+        differ[kind] = sorted(n for n in names if len({f.get(n) for f in same}) > 1)
+    out = []
+    for what, f, kept in zip(whats, flat, entries.values(), strict=True):
+        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
+        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
+        value = "each sweep from" if what["kind"] == "compare.jobs" else kept["value"]
+        shape = [f"{k}={f.get('model.' + k)}" for k in SHOWN]
+        shape[2] = shape[2].replace("context_length", "context")
+        usual = ("micro_batch", "width", "cores") if "cores" in f else ("micro_batch", "threads")
+        shape += [f"{k}={f[k]}" for k in usual if k in f and k not in differ[what["kind"]]]
+        shape += [f"{k.removeprefix('model.')}={f.get(k)}" for k in differ[what["kind"]]]
+        out.append(
+            f"{what['kind']}: {value} ({timings}; measured {kept.get('measured')}) for "
+            f"{' '.join(shape)} on {what.get('cpu')}, torch {what.get('torch')}"
+        )
+    return out
+
+
+def _flat(what: dict[str, Any]) -> dict[str, str]:
+    """A key's settings by dotted name (``model.position``), each as JSON text."""
+    out = {}
+    for k, v in what.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{k2}": _text(v2) for k2, v2 in v.items()})
+        else:
+            out[k] = _text(v)
+    return out
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def cpu_seconds() -> tuple[float, int] | None:

@@ -55,7 +55,7 @@ def compile_model(
 ) -> torch.nn.Module:
     """``torch.compile``; on CPU with Inductor's C++ wrapper, which calls the generated kernels
     from C++ instead of one Python line per kernel, an overhead that weighs on small CPU steps
-    (docs/performance.md: scripts/throughput_vs_nanogpt.py --compile). Compiling takes seconds
+    (``scripts/throughput_vs_nanogpt.py --compile`` times it). Compiling takes seconds
     to a minute and needs a C++ compiler, as any Inductor build on CPU does; so ``train.compile``
     left out (auto) stays eager there. ``fullgraph`` makes a graph break an error; ``setting`` is
     what the error without a compiler names.

@@ -14,9 +14,9 @@ def retain_freed_host_memory() -> bool:
     """Keep freed CPU memory in the process for the next step instead of returning it to the OS.
 
     glibc's malloc hands big freed blocks back to the kernel (unmapping them, or trimming the heap),
-    so each step's activations come back as fresh pages the kernel must fault in and zero (the
-    docs/performance.md gives the page faults and step times, from scripts/bench.py
-    --malloc-default). A step then reuses the memory the previous one freed; the peak is
+    so each step's activations come back as fresh pages the kernel must fault in and zero
+    (``python scripts/bench.py --malloc-default`` times a step with glibc's own settings
+    against these). A step then reuses the memory the previous one freed; the peak is
     unchanged. Returns whether the C library took the settings (glibc does; others have no
     ``mallopt``).
     """

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lm.config.errors import ConfigError
+from lm.config.names import XPOS_REACH
 from lm.config.sections import ModelConfig
 from lm.model.plan import Plan
 from lm.model.position.base import Scheme
@@ -203,6 +205,11 @@ def xpos_decay(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
     return (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim + gamma) / (1 + gamma)
 
 
+def xpos_reach(scale_base: float) -> int:
+    """How many positions (``0 .. reach - 1``) xPos computes in fp32 with this B."""
+    return int(XPOS_REACH * scale_base)
+
+
 class XPos(RoPE):
     """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554, eq. 11):
     RoPE whose pair i of a query at position l is also scaled by ``zeta_i^(l/B)`` and of a key at
@@ -211,16 +218,30 @@ class XPos(RoPE):
     The scales come with RoPE's angles, as scaled cos and sin, computed in float64 and once per
     forward pass for every xPos layer. The paper's code centres the positions on the middle of
     each sequence to keep the factors small; lm keeps them absolute (a key's scale must not
-    change once it is in the KV cache) and exact in fp32 up to positions near ``70 B``."""
+    change once it is in the KV cache), so its fastest pair's key scale ``zeta_0^(-j/B)`` grows
+    as ``e^(1.25 j/B)`` and leaves fp32's range (3.4e38) near ``j = 70 B``: positions from
+    ``XPOS_REACH`` B on are refused (:func:`xpos_reach`), not computed as inf and nan."""
 
     name = "xpos"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config, layer)
         self.scale_base = config.xpos_scale_base
+        reach = xpos_reach(self.scale_base)
+        if config.position_range > reach:
+            raise ConfigError(
+                f"model.xpos_scale_base: {self.scale_base:g} keeps xPos's scales finite up to "
+                f"position {reach} ({XPOS_REACH} B); training reads {config.position_range}"
+            )
         self.register_buffer("decay", xpos_decay(config.head_dim), persistent=False)
 
     def prepare(self, plan: Plan) -> Plan:
+        reach = xpos_reach(self.scale_base)
+        if plan.position_limit > reach:  # a host int: no device read
+            raise ConfigError(
+                f"model.xpos_scale_base: {self.scale_base:g} keeps xPos's scales finite up to "
+                f"position {reach} ({XPOS_REACH} B); this pass reaches {plan.position_limit - 1}"
+            )
         cos, sin = self.rope.cos_sin(plan.positions, torch.float64)  # (..., L, d_k/2)
         scale = self.decay.to(cos.device) ** (
             plan.positions.to(torch.float64)[..., None] / self.scale_base

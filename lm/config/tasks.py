@@ -1,0 +1,110 @@
+"""A generated task's settings checked at load (``DataConfig`` and ``Config`` call these): its
+own keys set for it only, each within range, lengths it can be written at, and examples that
+fit the context. ``data`` is a ``DataConfig`` (not imported: sections.py imports this)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm.config.errors import ConfigError
+from lm.config.names import HINTS, LETTER_TASKS, TASKS, task_of, task_tokens
+from lm.config.values import shown
+
+TASK_OWN_KEYS = {
+    "flipflop_ignore": "flipflop",
+    "counting_variables": "counting",
+    "selective_copy_density": "selective_copy",
+    "addition_hints": "addition",
+    "addition_reversed": "addition",
+}
+"""Settings of one generated task each: set for another source, they are an error."""
+
+TASK_KEYS = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+
+
+def check_task(data: Any, fields: dict[str, Any]) -> None:
+    """``data``'s task keys: set only for a task (``fields``: DataConfig's, with defaults), a
+    task's own keys only for it, each within range."""
+    task = task_of(data.source)
+    for key, owner in TASK_OWN_KEYS.items():
+        if task != owner and getattr(data, key) != fields[key].default:
+            raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
+    if task is None:
+        for key in TASK_KEYS:
+            if getattr(data, key) != fields[key].default:
+                tasks = ", ".join(f"builtin:{t}" for t in TASKS)
+                raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
+        return
+    _check_settings(data)
+    if data.task_eval_examples <= 0:
+        raise ConfigError(
+            f"data.task_eval_examples: must be > 0, got {shown(data.task_eval_examples)}"
+        )
+    if data.task_examples < 2:
+        raise ConfigError(
+            f"data.task_examples: {data.task_examples}; at least 2 (one to train on, one to "
+            "validate on)"
+        )
+    for key, lengths in zip(TASK_KEYS[:2], data.task_ranges(), strict=True):
+        _check_lengths(data, task, key, lengths)
+
+
+def _check_settings(data: Any) -> None:
+    if not 0.0 <= data.flipflop_ignore < 1.0:
+        raise ConfigError(
+            f"data.flipflop_ignore: must be in [0, 1) (a program needs writes and reads), "
+            f"got {data.flipflop_ignore!r}"
+        )
+    if data.counting_variables not in (1, 2, 3):
+        raise ConfigError(
+            f"data.counting_variables: {shown(data.counting_variables)} is not 1, 2 or 3 "
+            "(the variables x, y, z)"
+        )
+    if not 0.0 < data.selective_copy_density <= 1.0:
+        raise ConfigError(
+            "data.selective_copy_density: must be in (0, 1] (the share of positions to "
+            f"copy), got {data.selective_copy_density!r}"
+        )
+
+
+def _check_lengths(data: Any, task: str, key: str, lengths: range) -> None:
+    """Lengths a task can be written at: flip-flop's two instructions, indexing's two letters,
+    26 letters of distinct keys or indexed letters, 26 index hints."""
+    text = getattr(data, key)
+    if task == "flipflop" and lengths[0] < 2:
+        raise ConfigError(
+            f"data.{key}: flip-flop programs have at least 2 instructions (a write, "
+            f"then a read), got {text!r}"
+        )
+    if task == "indexing" and lengths[0] < 2:
+        raise ConfigError(
+            f"data.{key}: indexing needs at least 2 letters (one to find, one to answer), "
+            f"got {text!r}"
+        )
+    if task in LETTER_TASKS and lengths[-1] > 26:
+        raise ConfigError(
+            f"data.{key}: {task} at length {lengths[-1]} needs that many distinct "
+            f"{LETTER_TASKS[task]} and there are 26 letters; at most 26"
+        )
+    if task == "addition" and data.addition_hints and lengths[-1] + 1 > HINTS:
+        raise ConfigError(
+            f"data.{key}: addition at length {lengths[-1]} writes sums of {lengths[-1] + 1} "
+            f"digits and data.addition_hints has {HINTS} hints (a-z); at most {HINTS - 1}"
+        )
+
+
+def check_task_fits(data: Any, context_length: int) -> None:
+    """A task's longest training and evaluation examples fit the context (its inputs: every
+    token but the last target), whatever the scheme: decoding past the context would cut the
+    prompt, and a learned table has no row there."""
+    task = task_of(data.source)
+    if task is None:
+        return
+    for key, lengths in zip(TASK_KEYS[:2], data.task_ranges(), strict=True):
+        longest = task_tokens(task, lengths[-1], data.addition_hints)
+        if longest - 1 > context_length:
+            raise ConfigError(
+                f"data.{key}: {task} at length {lengths[-1]} makes examples of {longest} "
+                f"tokens with <eod>, more than model.context_length={context_length} + 1; "
+                "raise the context or shorten the lengths"
+            )

@@ -1,0 +1,258 @@
+"""What a page shows, gathered from a run or a comparison: the prompt's tokens and maps, the
+same prompt continued to 4x the trained context, the scheme's signal against distance, a task
+run's evaluated examples, and a comparison's curves. Plain data (lists, numbers, strings) that
+:mod:`lm.explorer.page` embeds as JSON; nothing is written anywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lm.compare.diagnostics import token_text
+from lm.config.errors import LMError
+from lm.config.names import task_of
+from lm.data.tasks import TaskSettings, evaluation_examples, splits
+from lm.explorer import maps as measure
+from lm.explorer.signal import signal_charts
+from lm.runs.directory import CONFIG
+from lm.runs.load import LoadedRun, load_run
+from lm.sample import generate
+from lm.training.metrics import read_metrics
+
+LONG = 4
+"""The longer view: the prompt continued to this many times the trained context."""
+EXAMPLES = 2
+"""A task run's evaluated examples shown per split and length."""
+REPORT = "report.json"
+
+
+def prompt_ids(run: LoadedRun, text: str, flag: str = "--prompt") -> list[int]:
+    """The prompt's tokens; one line when it is empty, holds characters the run's vocabulary
+    lacks (naming them), or is longer than the model can read or the page shows."""
+    if not text:
+        raise LMError(f"{flag}: empty; give the text whose attention to show")
+    tok = run.tokenizer
+    if tok.count_unknown(text):
+        unknown = sorted({c for c in text if tok.count_unknown(c)})
+        raise LMError(
+            f"{flag}: {', '.join(map(repr, unknown))} not in the run's vocabulary "
+            f"({len(unknown)} character(s)); use only characters the run trained on"
+        )
+    ids = tok.encode(text)
+    C = run.config.model.context_length
+    limit = C if run.config.model.layer_positions[0] == "learned" else LONG * C
+    if len(ids) > limit:
+        why = "learned position table has" if limit == C else f"page shows {LONG}x its context,"
+        raise LMError(
+            f"{flag}: {len(ids)} tokens, but this run's {why} {limit} positions; shorten it to "
+            f"at most {limit} tokens"
+        )
+    return ids
+
+
+def longer(run: LoadedRun, ids: list[int], length: int) -> list[int]:
+    """``ids`` continued greedily to ``length`` tokens; where the model ends the document, the
+    end of document is kept and the prompt starts again, and the text goes on from there."""
+    tok = run.tokenizer
+    out = list(ids)
+    while len(out) < length:
+        new = generate(run.model, [out], length - len(out), tok.pad_id, tok.eod_id)[0]
+        out += new if len(out) + len(new) >= length else [*new, tok.eod_id, *ids]
+    return out[:length]
+
+
+def _long_view(run: LoadedRun, text: list[int]) -> dict[str, Any]:
+    """The prompt continued to 4x the context, ``text``: the 1x and 4x maps (pooled for
+    drawing), each head's entropy and histogram of attended distances at both lengths."""
+    C = run.config.model.context_length
+    edges = measure.distance_edges(len(text))
+    views = {}
+    for name, part in (("1x", text[:C]), (f"{LONG}x", text)):
+        maps = measure.attention_maps(run.model, part)
+        pictures, block = measure.pooled(maps)
+        views[name] = {
+            "tokens": len(part),
+            "pictures": pictures,
+            "cells": -(-len(part) // block),
+            "block": block,
+            "entropy": measure.entropy(maps).round(4).tolist(),
+            "histogram": measure.distance_histogram(maps, edges).round(5).tolist(),
+        }
+    return {
+        "text": [token_text(run.tokenizer, i) for i in text],
+        "edges": edges,
+        "factor": LONG,
+        "views": views,
+    }
+
+
+def _flipflop_distance(prompt: str) -> int:
+    """Instructions from the final read back to the last write."""
+    return (len(prompt) - 1 - prompt.rindex("w")) // 2
+
+
+def task_examples(run: LoadedRun) -> list[dict[str, Any]] | None:
+    """A task run's first :data:`EXAMPLES` evaluation examples per split and length (the ones
+    ``lm eval`` scores), each with the model's greedy answer and whether it is right; for
+    flip-flop, the distance from the read back to the last write."""
+    data = run.config.data
+    task = task_of(data.source)
+    if task is None:
+        return None
+    tok = run.tokenizer
+    rows = []
+    for index, (split, settings) in enumerate(splits(task, TaskSettings.of(data))):
+        for length in data.task_ranges()[1]:
+            pairs = evaluation_examples(task, length, EXAMPLES, data.seed, settings, index)
+            answers = [tok.encode(a) for _, a in pairs]
+            got = generate(
+                run.model,
+                [tok.encode(p) for p, _ in pairs],
+                max(map(len, answers)) + 1,
+                tok.pad_id,
+                tok.eod_id,
+            )
+            for (prompt, answer), want, said in zip(pairs, answers, got, strict=True):
+                row = {"split": split, "length": length, "prompt": prompt, "answer": answer}
+                row.update(said=tok.decode(said), correct=said == want)
+                if task == "flipflop":
+                    row["distance"] = _flipflop_distance(prompt)
+                rows.append(row)
+    return rows
+
+
+def _describe(run: LoadedRun, name: str) -> dict[str, Any]:
+    c = run.config.model
+    return {
+        "name": name,
+        "scheme": c.position_text,
+        "normalize": c.normalize,
+        "layers": c.n_layer,
+        "heads": c.n_head,
+        "context": c.context_length,
+        "step": run.step,
+    }
+
+
+def prompt_view(run: LoadedRun, text: str, long: bool = True) -> dict[str, Any]:
+    """The page's data for ``text``: its tokens, every layer's and head's map, the signal
+    charts and (with ``long``) the 4x view."""
+    ids = prompt_ids(run, text)
+    maps = measure.attention_maps(run.model, ids)
+    C = run.config.model.context_length
+    if run.config.model.layer_positions[0] == "learned":
+        reach, view = ids, {"note": f"a learned position table stops at {C} positions: no 4x view"}
+    elif long:
+        reach = longer(run, ids, LONG * C)
+        view = _long_view(run, reach)
+    else:  # positions alone need no text of that length: the prompt repeated reaches it
+        reach, view = (ids * (LONG * C))[: LONG * C], {"note": "the 4x view is on each run's page"}
+    return {
+        "prompt": text,
+        "tokens": [token_text(run.tokenizer, i) for i in ids],
+        "weights": measure.rows(maps),
+        "signals": signal_charts(run.model, ids, reach, maps),
+        "long": view,
+    }
+
+
+def run_page(
+    run: LoadedRun, text: str, name: str, task: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A run's page data (``task``: its :func:`task_examples`, if already gathered)."""
+    view = prompt_view(run, text)  # the prompt checked before the examples' slow work
+    task = task_examples(run) if task is None else task
+    return {
+        "kind": "run",
+        "title": name,
+        "runs": [{**_describe(run, name), **view, "task": task}],
+        "curves": [],
+    }
+
+
+def _report(compare_dir: Path) -> dict[str, Any]:
+    try:
+        report = json.loads((compare_dir / REPORT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        report = None
+    if not (isinstance(report, dict) and isinstance(report.get("runs"), list)):
+        raise LMError(f"{compare_dir / REPORT}: not a report lm compare wrote")
+    return report
+
+
+def _run_dir(compare_dir: Path, recorded: str) -> Path:
+    """A compared run's folder: as recorded (relative to where lm compare ran), else the same
+    tail under the comparison's folder (moved or copied since)."""
+    path = Path(recorded)
+    if (path / CONFIG).is_file():
+        return path
+    parts = path.parts
+    for i in range(len(parts)):
+        tail = compare_dir.joinpath(*parts[i:])
+        if (tail / CONFIG).is_file():
+            return tail
+    raise LMError(f"{compare_dir}: the compared run {recorded} is not there")
+
+
+def _curves(runs: list[tuple[str, Path, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The report's curves: validation loss against step (each run's metrics.jsonl), against
+    evaluation length, and a task's accuracy against length (per split for flip-flop)."""
+    step, length, accuracy = [], [], []
+    for label, run_dir, row in runs:
+        logged = [r for r in read_metrics(run_dir / "metrics.jsonl") if "val_loss" in r]
+        step.append({"label": label, "x": [r["step"] for r in logged],
+                     "y": [r["val_loss"] for r in logged]})  # fmt: skip
+        rows = [r for r in row.get("extrapolation") or [] if r.get("loss") is not None]
+        length.append({"label": label, "x": [r["context_length"] for r in rows],
+                       "y": [r["loss"] for r in rows]})  # fmt: skip
+        by_split: dict[str | None, list] = {}
+        for r in row.get("accuracy") or []:
+            by_split.setdefault(r.get("split"), []).append(r)
+        for split, rs in by_split.items():
+            name = label if split is None else f"{label}, {split}"
+            accuracy.append({"label": name, "x": [r["length"] for r in rs],
+                             "y": [r["accuracy"] for r in rs]})  # fmt: skip
+    charts = [
+        {"title": "validation loss against step", "xlabel": "step", "ylabel": "val loss",
+         "series": step},
+        {"title": "validation loss against evaluation length", "xlabel": "tokens",
+         "ylabel": "val loss", "series": length},
+    ]  # fmt: skip
+    if accuracy:
+        charts.append({"title": "exact-match accuracy against length", "xlabel": "length",
+                       "ylabel": "accuracy", "series": accuracy})  # fmt: skip
+    return [c for c in charts if any(s["x"] for s in c["series"])]
+
+
+def compared_runs(compare_dir: Path) -> tuple[dict[str, Any], list[tuple[str, Path, dict]]]:
+    """A comparison's report and, for each compared value, its first run (lowest seed): label,
+    folder and the report's numbers."""
+    report = _report(compare_dir)
+    firsts: dict[str, dict] = {}
+    for row in sorted(report["runs"], key=lambda r: r.get("seed", 0)):
+        if row.get("rope_scaling") is None:  # a re-evaluation is the same weights again
+            firsts.setdefault(str(row.get("label")), row)
+    if not firsts:
+        raise LMError(f"{compare_dir / REPORT}: lists no runs")
+    return report, [(k, _run_dir(compare_dir, r["run_dir"]), r) for k, r in firsts.items()]
+
+
+def compare_page(compare_dir: Path, text: str | None, device: str) -> dict[str, Any]:
+    """A comparison's page data: each compared run on one prompt (the report's unless
+    ``text``), side by side, and the report's curves."""
+    report, runs = compared_runs(compare_dir)
+    text = report.get("prompt", "") if text is None else text
+    shown = []
+    for label, run_dir, _ in runs:
+        run = load_run(run_dir, device=device)
+        try:
+            shown.append({**_describe(run, label), **prompt_view(run, text, long=False)})
+        except LMError as e:
+            raise LMError(f"{label}: {e}") from None
+    return {
+        "kind": "compare",
+        "title": f"{compare_dir.name}: {report.get('compared', 'runs')} compared",
+        "runs": shown,
+        "curves": _curves(runs),
+    }

@@ -1,0 +1,99 @@
+"""The page: one HTML file holding its styles (``page.css``), its script (``page.js``) and its
+data (JSON from :mod:`lm.explorer.gather`), drawn with canvas and SVG by hand. It loads nothing
+from any host, so it opens from a file, offline; :class:`Page` shows it inline in Jupyter."""
+
+from __future__ import annotations
+
+import html
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from lm.config.errors import LMError
+from lm.runs.directory import check_out_dir
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; {connect}
+style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
+<link rel="icon" href="data:,">
+<title>lm view: {title}</title>
+<style>{css}</style>
+</head>
+<body class="{kind}">
+<header><h1>lm view: {title}</h1><p>{subtitle}</p></header>
+<div id="controls"></div>
+<main id="runs"></main>
+<section id="curves"></section>
+<div id="tip"></div>
+<script type="application/json" id="lm-data">{data}</script>
+<script>{js}</script>
+</body>
+</html>
+"""
+
+
+def _asset(name: str) -> str:
+    return resources.files("lm.explorer").joinpath(name).read_text(encoding="utf-8")
+
+
+def render(data: dict[str, Any], serve: bool = False) -> str:
+    """The page for ``data``; ``serve``: it asks its own server for the maps of typed text
+    (and may connect there alone, as its content security policy says)."""
+    data = {**data, "serve": serve}
+    # In a <script> element only "</" can end the data early: JSON lets it be written "<\/".
+    embedded = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    runs = data["runs"]
+    subtitle = (
+        f"prompt {json.dumps(runs[0]['prompt'], ensure_ascii=False)}, {len(runs[0]['tokens'])} "
+        f"tokens" + (f"; {len(runs)} runs side by side" if len(runs) > 1 else "")
+    )
+    return TEMPLATE.format(
+        title=html.escape(data["title"]),
+        subtitle=html.escape(subtitle),
+        kind="single" if data["kind"] == "run" else "compare",
+        connect="connect-src 'self';" if serve else "",
+        css=_asset("page.css"),
+        data=embedded,
+        js=_asset("page.js"),
+    )
+
+
+def out_path(path: str | Path, flag: str = "--out") -> Path:
+    """A file the page can be written to: not a folder, under folders that are folders."""
+    path = Path(path)
+    if path.is_dir():
+        raise LMError(f"{flag} {path}: is a folder; give a file such as {path / 'view.html'}")
+    check_out_dir(path.parent, flag)
+    return path
+
+
+def write(text: str, path: Path, flag: str = "--out") -> Path:
+    """Write the page; one line when the place cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise LMError(f"{flag} {path}: cannot be written ({e.strerror})") from None
+    return path
+
+
+class Page:
+    """A page, shown inline by Jupyter (in a frame of its own, so that its styles and script
+    touch nothing else of the notebook); ``.html`` is the page, ``.save(path)`` writes it."""
+
+    def __init__(self, text: str):
+        self.html = text
+
+    def save(self, path: str | Path) -> Path:
+        return write(self.html, out_path(path, "path"), "path")
+
+    def _repr_html_(self) -> str:
+        return (
+            f'<iframe srcdoc="{html.escape(self.html, quote=True)}" style="width: 100%; '
+            'height: 900px; border: 1px solid #d0d7de" sandbox="allow-scripts"></iframe>'
+        )

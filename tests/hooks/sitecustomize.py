@@ -1,0 +1,74 @@
+"""Loaded at the start of every Python process whose PYTHONPATH begins with this folder
+(``tests/_support.Pauses`` puts it there): where ``LM_TEST_PAUSE`` holds a JSON list of rules,
+the ``lm`` process that a rule names stops at a named point, says so, and waits. A test that
+must act on a process in a given state (kill it while a checkpoint is half-written, signal it
+while it trains) waits for that line instead of polling on time.
+
+A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked
+for) or ``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only``
+(optional) a text the process's command line must hold; then ``tell`` a FIFO to write one line
+on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal`` (wait for
+SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a FIFO
+to read one line from before going on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _stop(rule: dict) -> None:
+    if "wait_for" in rule:
+        with open(rule["wait_for"]) as fifo:
+            fifo.readline()
+        return
+    # Blocked before the line is written, so a signal sent as soon as it is read is not lost.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    with open(rule["tell"], "a") as fifo:
+        fifo.write(f"{rule['where']} {rule.get('at', 0)} {os.getpid()}\n")
+    if rule.get("then") == "forever":
+        while True:
+            signal.pause()
+    received = signal.sigwait(STOPS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+    signal.raise_signal(received)  # now to lm's own handler
+
+
+def _install(rules: list[dict]) -> None:
+    rules = [r for r in rules if r.get("only", "") in " ".join(sys.argv)]
+    if not rules:
+        return
+    import lm.data.batches
+    import lm.runs.checkpoint
+
+    for rule in rules:
+        if rule["where"] == "step":
+            step_of = lm.data.batches.TrainBatches.step
+
+            def step(self, i, _rule=rule, _step_of=step_of):
+                if i == _rule["at"] and not _rule.get("done"):
+                    _rule["done"] = True
+                    _stop(_rule)
+                return _step_of(self, i)
+
+            lm.data.batches.TrainBatches.step = step
+        elif rule["where"] == "write":
+            for name in ("save_model", "save_file"):
+                write = getattr(lm.runs.checkpoint, name)
+
+                def written(*args, _rule=rule, _write=write, **kwargs):
+                    result = _write(*args, **kwargs)
+                    if not _rule.get("done"):
+                        _rule["done"] = True
+                        _stop(_rule)
+                    return result
+
+                setattr(lm.runs.checkpoint, name, written)
+
+
+if os.environ.get("LM_TEST_PAUSE"):
+    _install(json.loads(os.environ["LM_TEST_PAUSE"]))

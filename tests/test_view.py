@@ -1,0 +1,390 @@
+"""lm view: the pages of tiny runs (RoPE, ALiBi, FoX, a flip-flop task run) and of a comparison,
+opened in headless Chromium (Debian's ``chromium`` driven by Playwright); the served page; the
+bad input. The browser tests skip, in one line, where Chromium is missing."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _support import assert_one_line, expect_error, tiny_config
+
+import lm
+from lm.cli import main
+from lm.config.errors import LMError
+from lm.config.load import load_config
+from lm.runs.load import load_run
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "The with statement"
+SHAPE = {"context_length": 16, "n_layer": 2, "n_head": 2, "d_model": 16}
+STEPS = {"max_steps": 8, "eval_every": 4, "eval_steps": 1, "checkpoint_every": 8}
+
+
+def _train(root: Path, name: str, **sections) -> Path:
+    model = {**SHAPE, **sections.pop("model", {})}
+    data = {"cache_dir": str(root / "cache"), **sections.pop("data", {})}
+    config = tiny_config(model=model, data=data, train=STEPS)
+    lm.train(config, root / name, quiet=True)
+    return root / name
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny runs, trained once for the module, and a comparison of three of them."""
+    root = tmp_path_factory.mktemp("view")
+    made = {
+        position: _train(root, position, model={"position": position})
+        for position in ("rope", "alibi", "fox", "learned")
+    }
+    made["flipflop"] = _train(
+        root,
+        "flipflop",
+        model={"position": "rope"},
+        data={
+            "source": "builtin:flipflop",
+            "mode": "padded",
+            "task_lengths": "2-6",
+            "task_eval_lengths": "6-7",
+            "task_examples": 200,
+            "task_eval_examples": 2,
+        },
+    )
+    compared = [str(made[p]) for p in ("rope", "alibi", "fox")]
+    argv = ["compare", *compared, "--out", str(root / "compare"), "--quiet", "--eval-batches", "1"]
+    assert main([*argv, "--max-new-tokens", "4"]) == 0
+    made["compare"] = root / "compare"
+    return SimpleNamespace(root=root, **made)
+
+
+def _page(runs, name: str, *extra: str) -> Path:
+    out = runs.root / f"{name}.html"
+    if not out.exists():
+        prompt = (
+            [] if name == "compare" else ["--prompt", "w1i0r1w0r" if name == "flipflop" else PROMPT]
+        )
+        assert main(["view", str(getattr(runs, name)), *prompt, "--out", str(out), *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(
+            "no /usr/bin/chromium: install it (apt-get install chromium) for the browser tests"
+        )
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+class Opened(SimpleNamespace):
+    """A page open in the browser, with every console error, page error and request it made."""
+
+
+def _open(browser, url: str) -> Opened:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    seen = Opened(page=page, errors=[], requests=[])
+    page.on("console", lambda m: seen.errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen.errors.append(str(e)))
+    page.on("request", lambda r: seen.requests.append(r.url))
+    page.goto(url)
+    page.wait_for_selector("body[data-version]")
+    return seen
+
+
+def _weights(run_dir: Path, text: str) -> np.ndarray:
+    """lm's own attention weights of ``text``, ``[layers, heads, T, T]``."""
+    run = load_run(run_dir)
+    ids = torch.tensor([run.tokenizer.encode(text)])
+    return np.stack([w[0].double().numpy() for _, w in run.model.attention_weights(ids)])
+
+
+def _shown_weights(page, run: int, layer: int, head: int, query: int) -> list[str | None]:
+    """Choose the layer and head, hover token ``query`` of run ``run``: each key's weight as
+    the page shows it (None for a key after the query)."""
+    page.select_option("#layer", str(layer))
+    page.select_option("#head", str(head))
+    page.hover(f'.run[data-run="{run}"] .tokens .tok[data-i="{query}"]')
+    return page.eval_on_selector_all(
+        f'.run[data-run="{run}"] .tokens .tok', "spans => spans.map(s => s.dataset.w ?? null)"
+    )
+
+
+def _check_hover(page, run: int, weights: np.ndarray) -> None:
+    L, H, T, _ = weights.shape
+    for layer, head, query in ((0, 0, T - 1), (L - 1, H - 1, T // 2), (L - 1, 0, 1)):
+        shown = _shown_weights(page, run, layer, head, query)
+        assert shown[query + 1 :] == [None] * (T - query - 1)
+        want = weights[layer, head, query, : query + 1]
+        got = np.array([float(w) for w in shown[: query + 1]])
+        np.testing.assert_allclose(got, want, atol=0.5e-4 + 1e-9, rtol=0)
+        assert all(re.fullmatch(r"\d\.\d{4}", w) for w in shown[: query + 1])
+
+
+def _plotted(page, selector: str) -> list[tuple[np.ndarray, np.ndarray, dict]]:
+    """Every line of the charts ``selector`` names, turned back from the SVG's coordinates to
+    values through the axes the chart says it drew: ``(x, y, the path's data attributes)``."""
+    lines = page.eval_on_selector_all(
+        selector,
+        """svgs => svgs.flatMap(svg => [...svg.querySelectorAll('path.series')].map(p =>
+            ({d: p.getAttribute('d'), data: {...p.dataset}, axes: {...svg.dataset}})))""",
+    )
+    out = []
+    for line in lines:
+        a = {k: float(v) for k, v in line["axes"].items()}
+        points = np.array(re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", line["d"]), dtype=float)
+        x = a["x0"] + (points[:, 0] - a["px0"]) / (a["px1"] - a["px0"]) * (a["x1"] - a["x0"])
+        y = a["y0"] + (points[:, 1] - a["py0"]) / (a["py1"] - a["py0"]) * (a["y1"] - a["y0"])
+        tolerance = (a["y1"] - a["y0"]) / abs(a["py1"] - a["py0"]) * 0.01  # 2-decimal pixels
+        out.append((np.round(x), y, {**line["data"], "tolerance": tolerance}))
+    return out
+
+
+def _at(line, distances) -> np.ndarray:
+    x, y, _ = line
+    return np.array([y[np.flatnonzero(x == n)[0]] for n in distances])
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "fox", "flipflop", "compare"])
+def test_a_page_opens_offline_with_a_map_for_every_layer_and_head_and_lms_weights(
+    runs, browser, name
+):
+    opened = _open(browser, _page(runs, name).as_uri())
+    page = opened.page
+    sections = page.query_selector_all(".run")
+    assert len(sections) == (3 if name == "compare" else 1)
+    for r in range(len(sections)):
+        heads = page.eval_on_selector_all(
+            f'.run[data-run="{r}"] canvas.heatmap',
+            "cs => cs.map(c => [c.dataset.layer, c.dataset.head, c.width])",
+        )
+        assert sorted((int(l), int(h)) for l, h, _ in heads) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    prompt = "w1i0r1w0r" if name == "flipflop" else PROMPT
+    if name == "compare":
+        prompt = json.loads((runs.compare / "report.json").read_text())["prompt"]
+        for r, scheme in enumerate(("rope", "alibi", "fox")):
+            _check_hover(page, r, _weights(getattr(runs, scheme), prompt))
+    else:
+        _check_hover(page, 0, _weights(getattr(runs, name), prompt))
+    assert opened.errors == []
+    assert [u for u in opened.requests if u != _page(runs, name).as_uri()] == []
+    page.close()
+
+
+def _rope_formula(n: np.ndarray, d_k: int) -> np.ndarray:
+    theta = 10000.0 ** (-np.arange(0, d_k, 2) / d_k)
+    return (2 * np.cos(n[:, None] * theta)).sum(-1) / math.sqrt(d_k)
+
+
+def test_the_rope_distance_plot_is_the_rotated_score_of_a_fixed_pair(runs, browser):
+    opened = _open(browser, _page(runs, "rope").as_uri())
+    (line,) = _plotted(opened.page, ".signal svg")
+    n = np.array([1, 7, 50])
+    d_k = SHAPE["d_model"] // SHAPE["n_head"]
+    np.testing.assert_allclose(_at(line, n), _rope_formula(n, d_k), atol=line[2]["tolerance"])
+    assert line[0].max() == 4 * SHAPE["context_length"] - 1  # out to 4x the context
+
+
+def test_the_alibi_distance_plot_is_minus_the_slope_times_the_distance(runs, browser):
+    opened = _open(browser, _page(runs, "alibi").as_uri())
+    lines = _plotted(opened.page, ".signal svg")
+    for head in range(SHAPE["n_head"]):
+        opened.page.select_option("#head", str(head))
+        line = next(x for x in _plotted(opened.page, ".signal svg") if x[2]["head"] == str(head))
+        slope = 2.0 ** (-8.0 * (head + 1) / SHAPE["n_head"])
+        n = np.array([0, 9, 40])
+        np.testing.assert_allclose(_at(line, n), -slope * n, atol=line[2]["tolerance"])
+    assert {x[2]["layer"] for x in lines} == {"0"}  # the chosen layer's heads are drawn
+
+
+def test_the_fox_distance_plot_sums_the_log_forget_gates_between_key_and_query(runs, browser):
+    opened = _open(browser, _page(runs, "fox").as_uri())
+    run = load_run(runs.fox)
+    gates = []
+    gate = run.model.blocks[0].attn.position.gate  # f_t = sigma(w . x_t + b), per head
+    hook = gate.register_forward_hook(lambda m, i, out: gates.append(F.logsigmoid(out[0])))
+    with torch.no_grad():
+        run.model(torch.tensor([run.tokenizer.encode(PROMPT)]))
+    hook.remove()
+    c = gates[0].double().cumsum(0).numpy()  # (T, H): sum of log f up to t
+    T = c.shape[0]
+    for head in range(SHAPE["n_head"]):
+        opened.page.select_option("#head", str(head))
+        line = next(x for x in _plotted(opened.page, ".signal svg") if x[2]["head"] == str(head))
+        n = np.array([0, 3, T - 1])
+        want = c[T - 1, head] - c[T - 1 - n, head]  # D = sum_{t = j+1 .. l} log f_t, l = T - 1
+        np.testing.assert_allclose(_at(line, n), want, atol=line[2]["tolerance"])
+
+
+def test_a_task_page_lists_each_example_its_answer_and_the_distance_since_the_write(runs, browser):
+    opened = _open(browser, _page(runs, "flipflop").as_uri())
+    rows = opened.page.eval_on_selector_all(
+        "table.task tr", "trs => trs.slice(1).map(t => [...t.cells].map(c => c.textContent))"
+    )
+    assert len(rows) == 3 * 2 * 2  # three splits, two lengths, two examples each
+    for split, length, prompt, answer, said, mark, distance in rows:
+        assert (
+            split in ("in-distribution", "sparse", "dense") and len(prompt) == 2 * int(length) - 1
+        )
+        assert mark == ("✓" if said == answer else "✗")
+        last_write = prompt.rindex("w")
+        assert answer == prompt[last_write + 1]
+        assert int(distance) == len(prompt[last_write:-1]) // 2
+
+
+def test_a_comparison_page_draws_the_reports_curves_with_values_on_hover(runs, browser):
+    opened = _open(browser, _page(runs, "compare").as_uri())
+    report = json.loads((runs.compare / "report.json").read_text())
+    titles = opened.page.eval_on_selector_all(".curve h3", "hs => hs.map(h => h.textContent)")
+    assert titles == ["validation loss against step", "validation loss against evaluation length"]
+    by_label = {r["label"]: r for r in report["runs"]}
+    length_chart = _plotted(opened.page, ".curve:nth-child(2) svg")
+    assert len(length_chart) == 3
+    for x, y, data in length_chart:
+        rows = [r for r in by_label[data["label"]]["extrapolation"] if r["loss"] is not None]
+        assert list(x) == [r["context_length"] for r in rows]
+        np.testing.assert_allclose(y, [r["loss"] for r in rows], atol=data["tolerance"])
+    svg = opened.page.query_selector(".curve:nth-child(2) svg")
+    box = svg.bounding_box()
+    svg.hover(position={"x": box["width"] - 14, "y": box["height"] / 2})  # the longest length
+    tip = opened.page.text_content("#tip")
+    last = [r["loss"] for r in by_label[length_chart[0][2]["label"]]["extrapolation"]][-1]
+    assert f"{last:.4f}" in tip
+
+
+def test_the_python_api_gives_the_same_page_inline(runs):
+    page = lm.view(lm.load(runs.rope, device="cpu"), PROMPT)
+    data = json.loads(
+        re.search(r'id="lm-data">(.*?)</script>', page.html, re.S).group(1).replace("<\\/", "</")
+    )
+    assert data["runs"][0]["tokens"] == list(PROMPT)
+    assert page._repr_html_().startswith("<iframe srcdoc=")
+    assert "<script" not in page._repr_html_()  # escaped into the frame's own document
+    with pytest.raises(LMError):
+        lm.view(lm.load(runs.rope, device="cpu"), "")
+
+
+def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+
+
+def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(runs, browser):
+    before = _files(runs.rope)
+    argv = ["view", str(runs.rope), "--prompt", "ab", "--serve", "--port", "0", "--device", "cpu"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lm", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        url = _first_line(server)
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
+        opened = _open(browser, url)
+        page = opened.page
+        page.fill("#text", PROMPT)  # an input event per fill: the page asks for the new maps
+        page.wait_for_selector('body[data-version="1"]')
+        shown = page.eval_on_selector_all(".tokens .tok", "s => s.length")
+        assert shown == len(PROMPT)
+        _check_hover(page, 0, _weights(runs.rope, PROMPT))
+        page.fill("#text", "é")
+        page.wait_for_selector("#status.bad")
+        assert "'é'" in page.text_content("#status")
+        assert opened.errors == []
+        assert all(u.startswith(url) for u in opened.requests)
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
+    assert err.strip().endswith("lm: stopped"), err
+    assert _files(runs.rope) == before
+
+
+def _first_line(process: subprocess.Popen, timeout: float = 120.0) -> str:
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert line and line[0], process.stderr.read() if process.poll() is not None else "no address"
+    return line[0].strip()
+
+
+def test_serve_on_a_port_in_use_is_one_line_exit_2(runs, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["view", str(runs.rope), "--prompt", "ab", "--serve", "--port", str(port)]
+        expect_error(capsys, argv, f"--port {port}: already in use")
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["{root}/nowhere", "--prompt", "ab"], ["no such run or comparison"]),
+        (["{root}", "--prompt", "ab"], ["neither a run", "nor a comparison"]),
+        (["{rope}", "--prompt", ""], ["--prompt: empty"]),
+        (["{rope}", "--prompt", "aé✓b"], ["'é', '✓'", "not in the run's vocabulary"]),
+        (["{learned}", "--prompt", "x" * 17], ["17 tokens", "learned position table has 16"]),
+        (["{rope}"], ["--prompt"]),
+        (["{rope}", "--prompt", "ab", "--out", "{root}"], ["is a folder"]),
+        (["{rope}", "--prompt", "ab", "--out", "{rope}/config.yaml/x.html"], ["a file"]),
+        (["{rope}", "--prompt", "ab", "--out", "/proc/lm-view.html"], ["cannot be written"]),
+        (["{rope}", "--prompt", "ab", "--serve", "--out", "x.html"], ["--serve writes nothing"]),
+        (["{compare}", "--prompt", "ab", "--serve"], ["--serve: serves one run"]),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(runs, capsys, argv, words):
+    where = {k: str(v) for k, v in vars(runs).items()}
+    expect_error(capsys, ["view", *(a.format(**where) for a in argv)], *words)
+
+
+def test_the_default_runs_page_for_a_128_character_prompt_is_at_most_5_mb(runs):
+    config = load_config(
+        ROOT / "configs" / "default.yaml",
+        [
+            "train.max_steps=1",
+            "train.checkpoint_every=1",
+            "train.eval_every=0",
+            "train.dtype=fp32",
+            "model.kernel=math",
+            f"data.cache_dir={runs.root / 'cache'}",
+        ],
+    )
+    run_dir = runs.root / "default"
+    lm.train(config, run_dir, quiet=True)
+    text = ("The with statement is used to wrap the execution of a block " * 3)[:128]
+    page = lm.view(run_dir, text, device="cpu")
+    assert len(page.html.encode()) <= 5_000_000
+    with pytest.raises(LMError) as refused:
+        lm.view(runs.root / "nowhere", "ab")
+    assert_one_line(refused, "no such run or comparison")
