@@ -23,20 +23,21 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import ROTARY, SCHEME_PLACES
+from lm.config.names import ROTARY, SCHEMES, SCORE_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
 from lm.model.transformer import TransformerLM
 
-CONTENT = ("fox", "cope")
-"""Score biases that read the text: drawn on the prompt, not on the longer text."""
+CONTENT = tuple(n for n in SCORE_BIASES if not SCHEMES[n].reads_positions)
+"""Score biases that read the text (gates, not positions): drawn on the prompt, not on the longer
+text."""
 
 
 def _layers(model: TransformerLM, names: tuple[str, ...] | None, place: str) -> list[int]:
     return [
         i
         for i, name in enumerate(model.config.layer_positions)
-        if (name in names if names else SCHEME_PLACES[name] == place)
+        if (name in names if names else SCHEMES[name].place.value == place)
     ]
 
 
