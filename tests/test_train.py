@@ -33,6 +33,9 @@ from lm.runtime.device import compile_model
 from lm.training.loop import train
 from lm.training.optim import build_optimizer, lr_at, orthogonalize
 
+# The schemes of 2024-25 that rethink RoPE, one per layer.
+RETHOUGHT = ["pope", "fope", "hope", "dape", "path"]
+
 
 def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
     result = train(tiny_config(), tmp_path / "run", quiet=True)
@@ -61,6 +64,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         ("adamw", {"position": ["fox", "cope"], "normalize": "ssmax", "window": [8, None]}),
         ("muon", {"position": ["xpos", "sandwich"], "rope_p": 0.5}),
         ("adamw", {"position": "none", "normalize": "stick_breaking"}),
+        ("adamw", {"n_layer": 5, "position": RETHOUGHT}),
     ],
     ids=[
         "adamw",
@@ -69,6 +73,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         "fox-cope-ssmax-window",
         "xpos-sandwich-p-rope",
         "stick-breaking",
+        "pope-fope-hope-dape-path",
     ],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
@@ -194,19 +199,20 @@ def test_padded_batch_step_equals_sequences_one_at_a_time():
 
 
 @pytest.mark.parametrize(
-    "model",
+    ("model", "parallel"),
     [
-        {"n_layer": 4, "position": ["fox", "cope", "xpos", "sandwich"], "rope_p": 0.5,
-         "normalize": "ssmax", "window": [8, None, "..."]},
-        {"position": "none", "normalize": "stick_breaking"},
+        ({"n_layer": 4, "position": ["fox", "cope", "xpos", "sandwich"], "rope_p": 0.5,
+          "normalize": "ssmax", "window": [8, None, "..."]}, "ddp"),
+        ({"position": "none", "normalize": "stick_breaking"}, "ddp"),
+        ({"n_layer": 5, "position": RETHOUGHT}, "ddp"),
+        ({"n_layer": 5, "position": RETHOUGHT}, "fsdp"),
     ],
-    ids=["newer-schemes", "stick-breaking"],
+    ids=["newer-schemes", "stick-breaking", "pope-fope-hope-dape-path", "those-under-fsdp"],
 )  # fmt: skip
-def test_two_process_ddp_matches_one_process(tmp_path, model):
-    cfg = {"model": model, "train": {"max_steps": 6, "eval_every": 6, "log_every": 1,
-                                     "batch_size": 8}}  # fmt: skip
-    path = write_config(tmp_path / "c.yaml", **cfg)
-    train(tiny_config(**cfg), tmp_path / "one", quiet=True)
+def test_two_process_ddp_matches_one_process(tmp_path, model, parallel):
+    steps = {"max_steps": 6, "eval_every": 6, "log_every": 1, "batch_size": 8}
+    path = write_config(tmp_path / "c.yaml", model=model, train={**steps, "parallel": parallel})
+    train(tiny_config(model=model, train=steps), tmp_path / "one", quiet=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
         sys.executable,
