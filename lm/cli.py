@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
-from lm.config.errors import LMError
+from lm.config.errors import LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
-from lm.runtime.launch import launched_rank, met_alike
+from lm.explorer.flags import add_view_parser, view_command
+from lm.runtime.launch import every_rank_meets, launched_rank
 
 LINGER_S = 5.0
 """How long a torchrun process that leaves a line to rank 0 waits before it exits with a failure:
@@ -29,7 +30,6 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (it prints usage plus an error by default)."""
 
     def error(self, message: str) -> NoReturn:
-        message = message.replace(f", {JOB_SLOT!r}", "")  # lm compare's own, not a user's
         print(f"{self.prog}: error: {one_line(message)} (see --help)", file=sys.stderr)
         raise SystemExit(2)
 
@@ -41,15 +41,6 @@ class _Parser(argparse.ArgumentParser):
         if dashes and value == []:
             self.error(f"argument {'/'.join(action.option_strings)}: expected a value, not '--'")
         return value
-
-
-JOB_SLOT = "job-slot"
-"""The unlisted command a job slot of ``lm compare --jobs N`` runs (:func:`_cmd_job_slot`)."""
-
-
-def one_line(text: str) -> str:
-    """A message as one line whatever it quotes (a file name or flag may hold a newline)."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _int_list(text: str) -> list[int]:
@@ -96,16 +87,6 @@ def positive_int(text: str) -> int:
         return whole_number(text, 1)
     except LMError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0 to 65535)")
-    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -157,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     group.add_argument("--overwrite", action="store_true", help="discard the run and start again")
     t.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    # lm compare's jobs: once trained, measure the run as the sweep's report will.
-    t.add_argument("--measure", metavar="SPEC", help=argparse.SUPPRESS)
     t.add_argument(
         "--init-from",
         metavar="RUN_DIR",
@@ -281,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs trained at once, in processes of their own (default 1): on CPU the cores are "
         "divided between them (train.threads), on GPUs they go round-robin over the devices; "
-        "auto: one per core where the sweep, predicted from steps and a job's start measured "
-        "here, takes at most 0.9 of one at a time, else 1 (one per GPU)",
+        "auto: one per core where the sweep, predicted from its steps as timed here, takes at "
+        "most 0.9 of one at a time, else 1 (one per GPU; 1 unmeasured if too short to pay)",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
@@ -314,28 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
-    v = sub.add_parser(
-        "view",
-        help="one self-contained HTML page of a run's attention and position signal, or of a "
-        "comparison's runs side by side; --serve recomputes it for typed text",
-    )
-    v.add_argument("path", help="a run directory, or a folder lm compare wrote")
-    v.add_argument(
-        "--prompt",
-        help="the text whose attention the page shows (a comparison: default its report's prompt)",
-    )
-    v.add_argument("--out", help="HTML file (default: PATH/view.html)")
-    v.add_argument(
-        "--serve",
-        action="store_true",
-        help="serve the run's page on --host:--port instead, recomputed for typed text, until "
-        "Ctrl-C (writes nothing)",
-    )
-    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
-    v.add_argument(
-        "--port", type=_port, default=8000, help="--serve's port (default 8000; 0: any free one)"
-    )
-    v.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_view_parser(sub, DEVICE_HELP)  # lm/explorer/flags.py
 
     x = sub.add_parser(
         "export",
@@ -370,7 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="what auto (train.dtype, model.kernel, --jobs) measured here, and where it is kept",
     )
     h.add_argument("--clear", action="store_true", help="forget every measured choice")
-    sub.add_parser(JOB_SLOT)  # lm compare's own, unlisted: see _cmd_job_slot
     return parser
 
 
@@ -393,42 +350,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
         _say(f"lm: {result.message}", alike=True, code=code)
-    if code == 0 and args.measure is not None:
-        from lm.compare.measure import measure_job
-
-        if args.out is None:
-            raise LMError("--measure: give the run's --out")
-        measure_job(Path(args.out), args.measure)
     return code
-
-
-def _cmd_job_slot(args: argparse.Namespace) -> int:
-    """A job slot of ``lm compare --jobs N`` (``lm.compare.jobs``): it trains the runs it is
-    given one after another in this process, so that it pays its start (imports) once. Each
-    line on standard input is the JSON list of one run's ``lm train`` arguments; the run trains
-    as ``python -m lm train ARGS`` would (``sys.argv`` too, which its run.json records), and the
-    slot answers with its exit status, ``{"code": N}``, one line on standard output; what lm
-    train says goes to standard error. End of input ends the slot; Ctrl-C while it waits, too."""
-    import contextlib
-    import json
-
-    if sys.stdin.isatty():
-        raise LMError("job-slot: lm compare --jobs runs this itself, with runs on standard input")
-    answers, program = sys.stdout, sys.argv[0]
-    try:
-        for line in sys.stdin:
-            argv = ["train", *json.loads(line)]
-            sys.argv = [program, *argv]
-            with contextlib.redirect_stdout(sys.stderr):  # standard output is the answers
-                try:
-                    code = main(argv)
-                except SystemExit as e:  # argparse's refusal of the arguments
-                    code = e.code if isinstance(e.code, int) else 2
-            answers.write(json.dumps({"code": code}) + "\n")
-            answers.flush()
-    except KeyboardInterrupt:
-        return 130
-    return 0
 
 
 def _read_prompts(raw: list[str]) -> list[str]:
@@ -606,24 +528,6 @@ def _cmd_positions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_view(args: argparse.Namespace) -> int:
-    from lm.explorer.make import write_page
-    from lm.explorer.serve import serve
-    from lm.runtime.device import resolve_device
-
-    device = str(resolve_device(args.device, "--device"))
-    prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
-    if not args.serve:
-        print(write_page(args.path, prompt, args.out, device))
-        return 0
-    if args.out is not None:
-        raise LMError("--out: --serve writes nothing; give one or the other")
-    if prompt is None:
-        raise LMError("--prompt: --serve starts from a text; give one")
-    serve(args.path, prompt, args.host, args.port, device)
-    return 0
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
     from lm.hf.export import NAMES, export_run
 
@@ -675,11 +579,10 @@ COMMANDS = {
     "compare": _cmd_compare,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
-    "view": _cmd_view,
+    "view": view_command,
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,
-    JOB_SLOT: _cmd_job_slot,
 }
 
 
@@ -706,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except LMError as e:
-        _say(f"lm: error: {one_line(str(e))}", met_alike(e), 2)
+        _say(f"lm: error: {one_line(str(e))}", every_rank_meets(e), 2)
         return 2
     except KeyboardInterrupt as e:
         said = f"; {one_line(str(e))}" if str(e) else ""  # e.g. what a sweep saved

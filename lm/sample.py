@@ -46,7 +46,7 @@ def prompt_generators(
     return generators
 
 
-def _choose(
+def _next_tokens(
     logits: torch.Tensor,
     temperature: float,
     top_k: int | None,
@@ -133,7 +133,7 @@ def generate(
                 start = max(0, end - width)
                 window = slice(start, start + width)
                 logits = model(ids[:, window], key_mask=mask[:, window])[:, : end - start]
-        nxt = _choose(logits[:, -1], temperature, top_k, generators)
+        nxt = _next_tokens(logits[:, -1], temperature, top_k, generators)
         # A finished row keeps receiving masked pads, which no real query ever sees.
         ids[:, end] = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         mask[:, end] = ~done

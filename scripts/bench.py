@@ -429,6 +429,8 @@ def bench_decode_kv(
             times.append(time.perf_counter() - t)
         assert len(out[0]) == new_tokens
         cache = model.new_cache(1, cfg.context_length)
+        with torch.no_grad():  # a layer's keys are made at its first store
+            model(torch.tensor(prompt, device=device), cache=cache)
         rows.append(
             {
                 "n_kv_head": kv,

@@ -157,7 +157,9 @@ def test_the_kv_cache_bytes_fall_by_n_head_over_n_kv_head():
     for kv in (4, 2, 1):
         model = _tiny(n_kv_head=kv, norm="rmsnorm", mlp="swiglu")
         cache = model.new_cache(3, 16)
-        assert cache.k.shape == (2, 3, kv, 16, 8)
+        with torch.no_grad():
+            model(torch.randint(1, 29, (3, 4)), cache=cache)  # every layer's keys made
+        assert cache.v.shape == (2, 3, kv, 16, 8) and cache.k[1].shape == (3, kv, 16, 8)
         sizes[kv] = cache.nbytes
     assert sizes[4] == 2 * 2 * 3 * 4 * 16 * 8 * 4  # keys and values, layers, batch, heads, ...
     assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]

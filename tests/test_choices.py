@@ -206,7 +206,7 @@ def test_lm_choices_shows_the_cache_and_forgets_it(capsys):
 
 
 def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeypatch):
-    import lm.compare.side_by_side as sbs
+    import lm.compare.auto_jobs as sbs
 
     cfg = tiny_config(model={"vocab_size": 40})
     device = torch.device("cpu")
@@ -222,6 +222,7 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     monkeypatch.setattr(
         sbs, "_together", lambda m, t, micro, cores: (timings["together"], timings["start"])
     )
+    monkeypatch.setattr(sbs, "_probe", lambda m, t, micro, cores: timings["one"])
     # 4 runs of 1000 steps: 80 s one at a time; two rounds of (1000 x 2 x 15 ms + 1 s) = 62 s.
     n, choice = sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)
     assert (n, choice.how) == (2, "measured")
@@ -242,11 +243,11 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     assert sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)[0] == 1
     wider = tiny_config(model={"vocab_size": 40, "d_model": 64})
     timings["together"] = 0.010
-    assert sbs.auto_jobs(wider, device, 2, runs=4)[1].how == "measured"  # another shape
+    assert sbs.auto_jobs(wider, device, 2, runs=4, steps=1000)[1].how == "measured"  # new shape
 
 
 def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
-    import lm.compare.side_by_side as sbs
+    import lm.compare.auto_jobs as sbs
 
     monkeypatch.setenv("LM_TUNE", "on")
     cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
@@ -262,11 +263,12 @@ def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
 
     monkeypatch.setattr(sbs, "_one", one)
     monkeypatch.setattr(sbs, "_together", together)
+    monkeypatch.setattr(sbs, "_probe", lambda m, t, batch, cores: 0.02)
     micro = cfg.train.batch_size
-    sbs.auto_jobs(cfg, cpu, 2, runs=4, width=5)  # a padded sweep's rows, not the whole context
+    sbs.auto_jobs(cfg, cpu, 2, runs=4, steps=1000, width=5)  # a padded sweep's rows
     assert timed == [(micro, 5), (micro, 5)]
-    assert sbs.auto_jobs(cfg, cpu, 2, runs=4, width=5)[1].how == "cached"
-    sbs.auto_jobs(cfg, cpu, 2, runs=4)  # packed: the context, another measurement
+    assert sbs.auto_jobs(cfg, cpu, 2, runs=4, steps=1000, width=5)[1].how == "cached"
+    sbs.auto_jobs(cfg, cpu, 2, runs=4, steps=1000)  # packed: the context, another measurement
     assert timed[2:] == [(micro, cfg.model.context_length)] * 2
     # The timed step itself is that wide.
     widths = []

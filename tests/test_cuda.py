@@ -32,6 +32,7 @@ from lm.training.loop import train
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 CUDA = torch.device("cuda")
+RETHOUGHT = ["pope", "fope", "hope", "dape", "path"]  # the schemes of 2024-25 that rethink RoPE
 
 
 @pytest.fixture(autouse=True)
@@ -73,7 +74,7 @@ def test_fused_attention_equals_the_notes_explicit_attention(dtype, position, ca
             torch.testing.assert_close(a.float(), b, **tol)
 
 
-@pytest.mark.parametrize("position", ["rope", "learned", "alibi"])
+@pytest.mark.parametrize("position", ["rope", "learned", "alibi", *RETHOUGHT])
 def test_padded_batch_gives_each_real_token_its_unpadded_logits(position):
     torch.manual_seed(0)
     cfg = ModelConfig(
@@ -84,7 +85,7 @@ def test_padded_batch_gives_each_real_token_its_unpadded_logits(position):
     assert_padding_is_invisible(model, seqs, T=24)
 
 
-@pytest.mark.parametrize("position", ["rope", "learned"])
+@pytest.mark.parametrize("position", ["rope", "learned", *RETHOUGHT])
 def test_bf16_autocast_step_matches_fp32_within_bf16_precision(position):
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
     torch.manual_seed(0)
@@ -104,7 +105,7 @@ def _sharp_model(position: str) -> TransformerLM:
     return model
 
 
-@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none"])
+@pytest.mark.parametrize("position", ["rope", "sinusoidal", "learned", "alibi", "none", *RETHOUGHT])
 def test_kv_cache_decoding_equals_recomputation(position):
     model = _sharp_model(position)
     ids = torch.randint(1, 30, (2, 10), device=CUDA)
@@ -145,7 +146,7 @@ def test_compiled_model_matches_eager_loss_and_gradients():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=name)
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
+@pytest.mark.parametrize("position", ["rope", "alibi", "pope", "fope"])
 def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradients(
     position, monkeypatch
 ):

@@ -297,6 +297,11 @@ EVERY_SETTING = {
     "xpos": case("model.position: xpos cannot be exported", position="xpos", xpos_scale_base=64.0),
     "fox": case("model.position: fox cannot be exported", position="fox"),
     "cope": case("model.position: cope cannot be exported", position="cope", cope_max=8),
+    "pope": case("model.position: pope cannot be exported", position="pope"),
+    "fope": case("model.position: fope cannot be exported", position="fope"),
+    "hope": case("model.position: hope cannot be exported", position="hope"),
+    "dape": case("model.position: dape cannot be exported", position="dape", dape_bias="alibi"),
+    "path": case("model.position: path cannot be exported", position="path"),
     "p-rope": case("model.rope_p: 0.5 cannot be exported", position="rope", rope_p=0.5),
     "ssmax": case("model.normalize: ssmax cannot be exported", position="rope", normalize="ssmax"),
     "stick-breaking": case(

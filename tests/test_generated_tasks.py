@@ -86,6 +86,9 @@ def test_counting_answers_the_value_its_program_leaves_and_more_pass_spreads_inc
     assert name == "more pass" and pass_share(more) > pass_share(trained) + 0.05
     answers = [int(a) for _, a in evaluation_examples("counting", 40, 300, 2)]
     assert len(set(answers)) >= 4  # counts, not one constant answer
+    # Long programs of one variable count up to the paper's cap of 10, never past it.
+    one = TaskSettings(variables=1)
+    assert max(int(a) for _, a in evaluation_examples("counting", 300, 40, 2, one)) == 10
 
 
 def test_a_task_tokenizer_reads_every_character_of_the_task_even_those_training_never_wrote(

@@ -103,7 +103,7 @@ JOB = "__main__.py train "  # in a job's command line (python -m lm train ...), 
 
 def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(sweeps, tmp_path):
     root, cfg = sweeps
-    argv = _argv(cfg, root / "stopped", root / "cache", "train.max_steps=12", "--jobs", "2")
+    argv = _argv(cfg, tmp_path / "stopped", root / "cache", "train.max_steps=12", "--jobs", "2")
     command = [sys.executable, "-m", "lm", *[a for a in argv if a != "--quiet"]]
     # Each job stops before its third step and says so; Ctrl-C comes once both have.
     pauses = Pauses(
@@ -112,7 +112,7 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
     process = subprocess.Popen(
         command, stderr=subprocess.PIPE, text=True, start_new_session=True, env=pauses.env()
     )
-    first = [root / "stopped" / f"position={s}" / "seed7" for s in SCHEMES[:2]]
+    first = [tmp_path / "stopped" / f"position={s}" / "seed7" for s in SCHEMES[:2]]
     assert len(pauses.wait(2)) == 2, process.poll()
     pauses.close()
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
@@ -128,12 +128,11 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
     assert "Traceback" not in err, err
     for run in first:
         assert 2 < int(latest_checkpoint(run).name.removeprefix("step_")) < 12
-    assert not (root / "stopped" / f"position={SCHEMES[2]}").exists()  # never started
+    assert not (tmp_path / "stopped" / f"position={SCHEMES[2]}").exists()  # never started
     assert main([*argv, "--quiet"]) == 0  # the same command: resumes both, trains the third
     for scheme in SCHEMES:
-        resumed, whole = (
-            root / out / f"position={scheme}" / "seed7" for out in ("stopped", "jobs")
-        )
+        resumed = tmp_path / "stopped" / f"position={scheme}" / "seed7"
+        whole = root / "jobs" / f"position={scheme}" / "seed7"
         assert losses(resumed) == losses(whole)
         assert_same_weights(resumed, whole)
 
@@ -142,7 +141,7 @@ def test_a_job_that_fails_stops_the_others_with_a_checkpoint_and_says_which(
     sweeps, capsys, tmp_path, monkeypatch
 ):
     root, cfg = sweeps
-    out = root / "failing"
+    out = tmp_path / "failing"
     argv = _argv(cfg, out, root / "cache", "--jobs", "2")
     # The second diverges at once and hears of it at its first log, but starts only once the
     # first has reached its third step and said so: the first is training when told to stop,

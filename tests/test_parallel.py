@@ -158,6 +158,36 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, block, tmp_path, cap
         assert by_one[step] == pytest.approx(straight[step], rel=1e-5)
 
 
+def test_ddp_trains_one_processs_weights_and_resumes_bit_for_bit(runs, tmp_path):
+    # DDP (train.parallel's default) for 6 steps against one process, then stopped after 3 steps
+    # (all in warmup, so the schedule is the 6-step run's) and resumed by DDP.
+    data = {"cache_dir": str(runs / "cache")}
+    six = {"model": NEWER, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
+    torchrun(write_config(tmp_path / "six.yaml", data=data, **six), tmp_path / "straight")
+    one, straight = losses(runs / "one"), losses(tmp_path / "straight")
+    assert one.keys() == straight.keys() == set(range(1, 7))
+    for step in one:
+        assert straight[step] == pytest.approx(one[step], rel=1e-5)
+    w_one, _, _ = checkpoint_files(runs / "one")
+    w_straight, o_straight, _ = checkpoint_files(tmp_path / "straight")
+    assert w_one.keys() == w_straight.keys()
+    for k in w_one:  # up to the order of the gradient's sums, as FSDP's above
+        torch.testing.assert_close(w_straight[k], w_one[k], rtol=1e-4, atol=1e-4, msg=k)
+    three = {"model": NEWER, "train": {**six["train"], "max_steps": 3}}
+    torchrun(write_config(tmp_path / "three.yaml", data=data, **three), tmp_path / "resumed")
+    torchrun(tmp_path / "six.yaml", tmp_path / "resumed", "--resume")
+    assert losses(tmp_path / "resumed") == straight
+    # (the 3-step run also evaluated at its end, step 3)
+    assert (
+        losses(tmp_path / "resumed", "val_loss")[6] == losses(tmp_path / "straight", "val_loss")[6]
+    )
+    w_resumed, o_resumed, _ = checkpoint_files(tmp_path / "resumed")
+    for whole, resumed in ((w_straight, w_resumed), (o_straight, o_resumed)):
+        assert whole.keys() == resumed.keys()
+        for k in whole:
+            torch.testing.assert_close(resumed[k], whole[k], rtol=0, atol=0, msg=k)
+
+
 def test_every_process_runs_as_many_evaluation_forwards():
     split = prepare_data(tiny_config().data).val
     data = tiny_config().data

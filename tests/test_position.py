@@ -544,3 +544,154 @@ def test_a_sliding_window_reads_the_last_w_real_tokens():
     assert near[4].tolist() == [False, False, False, True, True]  # itself and one before
     assert near[1].tolist() == [False, True, False, False, False]  # the first real token
     assert plan.at_window(None).mask[0, 0, 4].tolist() == [False, True, True, True, True]
+
+
+def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases():
+    from lm.model.position.pope import PoPE
+
+    cfg = ModelConfig(d_model=6, n_head=2, position="pope")  # d_k = 3: PoPE needs no pairs
+    part = PoPE(cfg, 0)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        part.offset.copy_(torch.randn(2, 3))
+    q, k = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
+    plan = part.prepare(_plan(cfg, 4))
+    q2, k2 = part.rotate(q, k, plan)
+    assert q2.shape == k2.shape == (1, 2, 4, 6)
+    got = q2 @ k2.transpose(-2, -1) / math.sqrt(6)  # what every kernel computes
+    sp = torch.nn.functional.softplus
+    for h in range(2):
+        for t in range(4):
+            for s in range(4):
+                want = sum(
+                    sp(q[0, h, t, c]).item()
+                    * sp(k[0, h, s, c]).item()
+                    * math.cos((s - t) * 10000 ** (-c / 3) + part.offset[h, c].item())
+                    for c in range(3)
+                ) / math.sqrt(3)
+                assert got[0, h, t, s].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+def test_fope_multiplies_each_pair_by_a_fourier_series_with_the_slow_waves_clipped():
+    from lm.model.position.fope import FoPE
+
+    # d_k = 4: omega = (1, 1/100); with context 16, 1/100 < 2 pi/16 is clipped to 0.
+    cfg = ModelConfig(d_model=8, n_head=2, context_length=16, position="fope")
+    torch.manual_seed(0)
+    part = FoPE(cfg, 0)
+    assert part.omega.tolist() == [1.0, 0.0]
+    a = part.coefficients.double()
+    assert a[:, 0, 0].tolist() == a[:, 1, 1].tolist() == [1.0, 1.0]
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    q, _ = part.rotate(x, x, part.prepare(_plan(cfg, 5)))
+    for h in range(2):
+        for n in range(5):
+            for m in range(2):  # pair m times sum_w a_hmw e^(i omega_w n)
+                f = a[h, m, 0].item() * complex(math.cos(n), math.sin(n)) + a[h, m, 1].item()
+                z = complex(x[0, h, n, 2 * m].item(), x[0, h, n, 2 * m + 1].item()) * f
+                got = complex(q[0, h, n, 2 * m].item(), q[0, h, n, 2 * m + 1].item())
+                assert abs(got - z) < 1e-5
+
+
+def test_an_odd_head_width_is_refused_by_the_schemes_that_pair_features():
+    from lm.config.errors import ConfigError
+
+    for position in ("rope", "fope"):
+        with pytest.raises(ConfigError, match=f"model.position: {position} needs an even head"):
+            ModelConfig(d_model=6, n_head=2, position=position)
+    ModelConfig(d_model=6, n_head=2, position="pope")  # PoPE gives each feature its own phase
+
+
+def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context():
+    from lm.model.position.hope import HoPE, hope_kept_pairs
+    from lm.model.transformer import TransformerLM
+
+    # d_k = 8: theta = 1, 0.1, 0.01, 0.001; periods 2 pi / theta = 6.3, 63, 628, 6283.
+    assert [hope_kept_pairs(8, 10000.0, L) for L in (6, 7, 62, 63, 629)] == [0, 1, 1, 2, 3]
+    shape = dict(vocab_size=11, d_model=16, n_head=2, n_layer=2, context_length=16)
+    torch.manual_seed(0)
+    hope = TransformerLM(ModelConfig(**shape, position="hope")).eval()
+    torch.manual_seed(0)
+    p_rope = TransformerLM(ModelConfig(**shape, position="rope", rope_p=0.25)).eval()  # 1 of 4
+    ids = torch.randint(0, 11, (2, 40))  # past the context: the cut holds there too
+    assert torch.equal(hope(ids), p_rope(ids))
+    # Beside RoPE, in a model of both, each layer reads its own angles: HoPE's slow pairs stay put.
+    both = TransformerLM(ModelConfig(**shape, position=["rope", "hope"])).eval()
+    plan = both.plan(ids)
+    hope_cos, rope_cos = plan.shared_by(HoPE)[0], plan.rotation[0]  # (L, d_k/2)
+    assert (hope_cos[:, 1:] == 1).all() and not (rope_cos[:, 1:] == 1).all()
+
+
+@pytest.mark.parametrize("static", ["kerple", "alibi"])
+def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(static):
+    from lm.model.position.dape import DAPE
+
+    cfg = ModelConfig(d_model=8, n_head=2, position="dape", dape_bias=static)
+    torch.manual_seed(0)
+    part = DAPE(cfg, 0)
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
+    got = part.score_bias(_plan(cfg, 3), None, q, k)[0]  # (H, 3, 3)
+    w1, b1 = part.mix[0].weight, part.mix[0].bias
+    w2, b2 = part.mix[2].weight, part.mix[2].bias
+    for i in range(3):
+        for j in range(i + 1):
+            s = [(q[0, h, i] @ k[0, h, j]).item() / 2 for h in range(2)]  # d_k = 4
+            if static == "kerple":
+                r1, r2 = part.r1.clamp(min=0.01), part.r2.clamp(min=0.01)
+                b = [-r1[h].item() * math.log(1 + r2[h].item() * (i - j)) for h in range(2)]
+            else:
+                b = [-alibi_slopes(2)[h].item() * (i - j) for h in range(2)]
+            z = torch.tensor(s + b)  # [S_1, S_2, B_1, B_2]: every head's score, then bias
+            hidden = [
+                torch.nn.functional.gelu(w1[u] @ z + b1[u]).item() for u in range(w1.shape[0])
+            ]
+            for h in range(2):
+                f = sum(w2[h, u].item() * hidden[u] for u in range(len(hidden))) + b2[h].item()
+                assert got[h, i, j].item() == pytest.approx(b[h] + f, abs=1e-5)
+    assert torch.isinf(got[:, 0, 1]).all()  # the future stays masked
+
+
+def test_dape_needs_a_static_bias_it_can_read_and_a_kernel_that_sees_every_head():
+    from lm.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.dape_bias: 't5' is not one of kerple, alibi"):
+        ModelConfig(position="dape", dape_bias="t5")
+    with pytest.raises(ConfigError, match=r"model\.kernel: flex cannot compute dape's bias"):
+        ModelConfig(position="dape", kernel="flex")
+
+
+def test_path_scores_each_key_through_the_householder_products_of_the_tokens_between():
+    from lm.model.position.path import PaTH
+
+    cfg = ModelConfig(d_model=6, n_head=2, position="path")  # d_k = 3
+    torch.manual_seed(0)
+    part = PaTH(cfg, 0)
+    x, q, k = torch.randn(1, 4, 6), torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
+    bias = part.score_bias(_plan(cfg, 4), x, q, k)[0]  # (H, 4, 4)
+    w = part.direction(x)[0].view(4, 2, 3)  # (T, H, d_k), before normalising
+    beta = 2 * torch.sigmoid(part.strength(x)[0])  # (T, H)
+    for h in range(2):
+        H = [
+            torch.eye(3) - beta[t, h] * torch.outer(w[t, h], w[t, h]) / (w[t, h] @ w[t, h])
+            for t in range(4)
+        ]
+        for i in range(4):
+            for j in range(i + 1):
+                product = torch.eye(3)
+                for t in range(j + 1, i + 1):  # H_{j+1} H_{j+2} ... H_i
+                    product = product @ H[t]
+                score = (k[0, h, j] @ product @ q[0, h, i]).item() / math.sqrt(3)
+                plain = (q[0, h, i] @ k[0, h, j]).item() / math.sqrt(3)  # what the kernel adds
+                assert bias[h, i, j].item() + plain == pytest.approx(score, abs=1e-5)
+    assert torch.isinf(bias[:, 0, 1]).all()  # the future stays masked
+    assert (beta > 0).all() and (beta < 2).all()
+
+
+def test_path_is_refused_where_it_cannot_run():
+    from lm.config.errors import ConfigError
+    from lm.model.transformer import TransformerLM
+
+    with pytest.raises(ConfigError, match=r"model\.kernel: flex cannot compute path's bias"):
+        ModelConfig(position="path", kernel="flex")
+    with pytest.raises(ConfigError, match=r"model\.normalize: ssmax scales q\.k"):
+        TransformerLM(ModelConfig(vocab_size=11, position="path", normalize="ssmax"))

@@ -394,3 +394,115 @@ def test_a_second_sweep_into_one_out_is_refused_and_no_run_counts_twice(tmp_path
     report = json.loads((out / "report.json").read_text())
     assert len(report["runs"]) == 3
     assert "2 seeds" not in (out / "report.md").read_text()
+
+
+def test_more_jobs_than_runs_says_how_many_run(tmp_path, capsys):
+    from _support import write_config
+
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 2, "eval_every": 0, "checkpoint_every": 2},
+    )
+    argv = ["compare", str(cfg), "--vary", "model.position=rope,none", "--jobs", "5"]
+    assert main([*argv, "--out", str(tmp_path / "s"), "--eval-batches", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "of 2 jobs running" in err and "of 5 jobs" not in err
+
+
+MEASURED = {
+    "final_val_loss": 2.0,
+    "best_val_loss": 1.9,
+    "tokens_per_s": 1000.0,
+    "wall_s": 30.0,
+    "extrapolation": [2.0, 2.5, 3.0],
+}
+
+
+def test_a_report_of_two_tasks_says_why_one_has_no_cell_under_the_others_columns():
+    import dataclasses
+
+    from test_report import result
+
+    from lm.compare.report import render
+
+    task = {"tokenizer": "char", "mode": "padded", "task_lengths": 4, "task_eval_lengths": 4}
+    row = {"length": 4, "accuracy": 0.5, "correct": 5, "examples": 10, "trained": True}
+    splits = [{**row, "split": s} for s in ("dense", "sparse")]
+    runs = [
+        dataclasses.replace(
+            result("rope", seed, run_dir=Path(f"s/{seed}"), **MEASURED),
+            config=tiny_config(data={**task, "source": source}),
+            accuracy=rows,
+        )
+        for seed, source, rows in ((1, "builtin:flipflop", splits), (2, "builtin:copy", [row]))
+    ]
+    markdown, _ = render(runs, "w1", 4)
+    assert "n/a" in markdown
+    assert "The runs are of 2 tasks (builtin:flipflop, builtin:copy)" in markdown
+
+
+def _fake_pool(monkeypatch, one: float, together: float, start: float, probe: float | None = None):
+    """``--jobs auto`` timing nothing: a step of one run on every core, of the one-thread runs
+    at once, a job's start, and the probe's step (default ``one``); returns the calls made."""
+    import lm.compare.side_by_side as sbs
+
+    calls: list[str] = []
+
+    def timed(name, value):
+        def fake(*args):
+            calls.append(name)
+            return value
+
+        return fake
+
+    monkeypatch.setenv("LM_TUNE", "on")
+    monkeypatch.setattr(sbs, "_probe", timed("probe", one if probe is None else probe))
+    monkeypatch.setattr(sbs, "_one", timed("one", (one, None)))
+    monkeypatch.setattr(sbs, "_together", timed("together", (together, start)))
+    return sbs, calls
+
+
+def test_jobs_auto_runs_a_sweep_too_short_to_pay_for_measuring_one_at_a_time(monkeypatch):
+    cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
+    # The copy shape's sweep: 3 runs of 300 steps at 20 ms a step, 18 s one at a time; its
+    # measurement (two windows, a pool's start and warm-ups) would cost about 7 s.
+    sbs, calls = _fake_pool(monkeypatch, one=0.020, together=0.008, start=1.0)
+    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
+    assert (n, choice.how, calls) == (1, "fallback", ["probe"])  # one step timed, no more
+    assert "too short to pay for measuring side by side" in choice.why
+    assert choice.why.endswith("one at a time, unmeasured") and "about 18 s one at a time" in (
+        choice.why
+    )
+    assert not choices.read()  # nothing measured, nothing kept
+    # A long sweep of the same shape measures, and keeps it; then even a short one reads it
+    # back for nothing (no probe) and decides from it.
+    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=8, steps=2000)
+    assert (n, choice.how) == (2, "measured") and calls[1:] == ["probe", "one", "together"]
+    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
+    assert choice.how == "cached" and calls[4:] == []
+
+
+@pytest.mark.parametrize("one_ms", [1, 5, 20, 80, 300])
+@pytest.mark.parametrize("together_ms", [3, 9, 15, 19, 40])
+@pytest.mark.parametrize(("runs", "steps"), [(2, 50), (3, 300), (4, 400), (21, 1500), (3, 150)])
+def test_jobs_auto_never_predicts_a_sweep_slower_than_one_at_a_time(
+    monkeypatch, one_ms, together_ms, runs, steps
+):
+    """Whatever the timings: a sweep that measures pays at most MEASURE_SHARE of its time one
+    at a time for it, and takes side by side only where that, measurement included, is not
+    slower than one at a time as predicted."""
+    cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
+    sbs, calls = _fake_pool(monkeypatch, one_ms / 1000, together_ms / 1000, start=2.0)
+    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=runs, steps=steps)
+    alone = runs * steps * one_ms / 1000
+    cost = sbs.measuring_cost(one_ms / 1000, 2)
+    if "one" not in calls:
+        assert n == 1 and choice.how == "fallback"  # the sweep's time is one at a time's
+        return
+    assert cost <= sbs.MEASURE_SHARE * alone + 1e-9
+    _, together = sbs.predict(choice.ms_per_step, 2, runs, steps)
+    if n == 2:
+        assert together + cost <= alone + 1e-9
+    else:
+        assert together > sbs.GAIN * alone

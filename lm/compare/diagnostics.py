@@ -24,8 +24,7 @@ from lm.config.names import SCORE_BIASES
 from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.data.tokenizer import TextTokenizer
-from lm.model.position import SCHEME_CLASSES
-from lm.model.position.base import ScoreBias
+from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.runs.directory import TOKENIZER, check_out_dir
@@ -235,11 +234,7 @@ def draw_bias_by_distance(
     real = int(batch["key_mask"][0].sum())  # a window's real tokens
     drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
     path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
-    reads = [  # the schemes whose bias reads the layer's content, not positions alone
-        n
-        for n in dict.fromkeys(cfg.model.layer_positions)
-        if n in SCORE_BIASES and not issubclass(SCHEME_CLASSES[n], ScoreBias)
-    ]
+    reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in CONTENT_BIASES]
     of = f", on the first validation window ({' and '.join(reads)} read its text)" if reads else ""
     return plots.score_by_offset(
         np.stack(list(drawn.values())),

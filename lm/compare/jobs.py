@@ -2,8 +2,8 @@
 
 A model this small leaves most of a machine idle: a 0.8M-parameter run keeps two CPU cores
 less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, in N job slots:
-worker processes (``python -m lm job-slot``, ``lm.cli``) that each train one run after another
-as ``python -m lm train`` would, with the sweep's own config, keys and seed (the command its
+worker processes (``python -m lm.compare.slot``) that each train one run after another as
+``python -m lm train`` would, with the sweep's own config, keys and seed (the command its
 ``run.json`` records), and pay their start (imports) once.
 On CPU the cores are divided between the jobs through ``train.threads``, which a run records
 and which does not change its numbers: every run equals the same run trained alone, bit for bit
@@ -69,6 +69,7 @@ def run_jobs(
     stops every job at its next checkpoint; nothing more starts. ``here`` trains a job in this
     process: the last one, when it would start with no other running (it then has every core
     and pays no process's start, as one run at a time does)."""
+    n = min(n, len(jobs))  # --jobs 5 for 3 runs runs 3 at once, and divides the cores by 3
     waiting, running = list(jobs), {}
     slots: list[_Slot] = []  # every worker started
     idle: list[_Slot] = []  # those waiting for a job
@@ -144,7 +145,7 @@ def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:
 
 
 class _Slot:
-    """A job slot: its worker process (``python -m lm job-slot``), which trains one run after
+    """A job slot: its worker process (``python -m lm.compare.slot``), which trains one run after
     another, what it writes to standard error kept in a file, and the job it trains now."""
 
     def __init__(self, index: int, gpus: int):
@@ -155,7 +156,7 @@ class _Slot:
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115
         # The slot shares lm compare's process group: Ctrl-C in a terminal reaches both.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "lm", "job-slot"],
+            [sys.executable, "-m", "lm.compare.slot"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -217,8 +217,8 @@ def _measure_model(run_dir: Path, cfg: Config, measure: Measure) -> dict[str, An
 
 
 def measure_job(run_dir: Path, spec: str) -> None:
-    """A sweep job's measurement of the run it trained (``lm train``'s hidden ``--measure``):
-    ``spec`` is the JSON of :func:`job_spec`."""
+    """A sweep job's measurement of the run it trained (its job slot's ``--measure``,
+    :mod:`lm.compare.slot`): ``spec`` is the JSON of :func:`job_spec`."""
     try:
         given = json.loads(spec)
         evaluation = Evaluation(**given["evaluation"])

@@ -418,7 +418,15 @@ def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str
             cells.append(_mean_std(means, ".1%"))
         lines.append("| " + " | ".join(cells) + " |")
     layouts = {tuple((*_key(row), row["trained"]) for row in r.accuracy) for r in runs_of}
-    if len(layouts) > 1:
+    tasks = list(dict.fromkeys(r.config.data.source for r in runs_of))
+    if len(tasks) > 1:
+        lines += [
+            "",
+            f"The runs are of {len(tasks)} tasks ({', '.join(tasks)}): the columns are the first "
+            f"run's, {tasks[0]}'s; n/a where a run of another task has no such column (report.json "
+            "holds its accuracy).",
+        ]
+    elif len(layouts) > 1:
         lines += [
             "",
             "The runs were trained or asked at different lengths: the columns are every length "

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from lm.compare.auto_jobs import auto_jobs
 from lm.compare.jobs import Job, run_jobs
 from lm.compare.measure import (
     MEASURED,
@@ -39,7 +40,6 @@ from lm.compare.measure import (
     report_prompt,
 )
 from lm.compare.report import HOUSEKEEPING, write_report
-from lm.compare.side_by_side import auto_jobs
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
 from lm.config.sections import Config, TrainConfig
@@ -303,7 +303,7 @@ def run_sweep(
 
 def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
     """``--jobs auto``: the runs to train at once, decided for the sweep's runs and steps at its
-    first config's shape by :func:`lm.compare.side_by_side.auto_jobs` (its data prepared first:
+    first config's shape by :func:`lm.compare.auto_jobs.auto_jobs` (its data prepared first:
     the model's vocabulary is the tokenizer's), and said in one line."""
     config = configs[0]
     data = prepare_data(config.data, log=None)

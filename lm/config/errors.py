@@ -18,3 +18,8 @@ class ConfigError(SharedError):
 
 class DataError(LMError):
     """The text or tokenizer a config points at cannot be used: missing, empty or malformed."""
+
+
+def one_line(text: str) -> str:
+    """A message as one line whatever it quotes (a file name or flag may hold a newline)."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")

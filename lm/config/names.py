@@ -68,6 +68,13 @@ SCHEMES = {
             flex=False,
             reads_positions=False,
         ),
+        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
+        SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
+        SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
+        SchemeRow("dape", Place.SCORES, "dape:DAPE", learned_bias=True, flex=False),
+        SchemeRow(
+            "path", Place.SCORES, "path:PaTH", learned_bias=True, flex=False, reads_positions=False
+        ),
         SchemeRow("none", Place.NOTHING, "base:NoPosition", reads_positions=False),
     )
 }

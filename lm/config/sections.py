@@ -133,6 +133,8 @@ class ModelConfig:
     cope_max: int | None = None
     """cope only: CoPE's position embeddings e[0] .. e[cope_max - 1] (counted positions are
     clamped below it); default context_length + 1, as the paper's code."""
+    dape_bias: str = "kerple"
+    """dape only: the static bias B whose scores DAPE's MLP reads: kerple | alibi (Zheng et al.)."""
     random_positions: int | None = None
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
@@ -242,11 +244,10 @@ class ModelConfig:
                     "model.kernel: flex computes a softmax; stick_breaking runs as the notes' "
                     "explicit formula does (kernel: sdpa or math)"
                 )
-        flexless = sorted(set(NO_FLEX) & set(self.layer_positions))
-        if flexless and self.kernel == "flex":
+        if self.kernel == "flex" and (flexless := sorted(set(NO_FLEX) & set(self.layer_positions))):
             raise ConfigError(
-                f"model.kernel: flex cannot compute {flexless[0]}'s bias (its positions sum "
-                "gates over the keys, and a score function sees one query-key pair); use sdpa"
+                f"model.kernel: flex cannot compute {flexless[0]}'s bias, which reads more than "
+                "the one query-key pair a score function sees; use sdpa"
             )
 
     def _check_window(self) -> None:
@@ -318,8 +319,7 @@ class ModelConfig:
         repeat = names[-1:] == ["..."]
         names = names[:-1] if repeat else names
         if len(set(names)) == 1 and (repeat or len(names) == self.n_layer):
-            # One scheme in every layer ([rope, rope], [rope, ...]) is that scheme: the same
-            # model, exported, compared and resumed as it.
+            # One scheme in every layer ([rope, ...]) is that scheme, exported and resumed as it.
             object.__setattr__(self, "position", names[0])
             _choice("model", "position", self.position, POSITIONS)
             return
@@ -351,6 +351,7 @@ class ModelConfig:
     def _check_scheme_keys(self) -> None:
         """Each scheme's keys within its range; read only by a model that uses their scheme (as
         ``rope_base``), so that one config can hold them for a sweep over ``model.position``."""
+        _choice("model", "dape_bias", self.dape_bias, ("kerple", "alibi"))
         _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
         if self.t5_buckets < 2:
             raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
@@ -462,7 +463,8 @@ class DataConfig:
 
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
-    a generated task: builtin:copy | reverse | addition | flipflop (lm/data/tasks.py)."""
+    a generated task: builtin:copy | reverse | addition | flipflop | counting | selective_copy |
+    mqar | indexing | parity (lm/data/tasks.py, docs/tasks.md)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -497,7 +499,7 @@ class DataConfig:
     task_examples: int = 20000
     """builtin tasks: training examples generated (val_fraction of them held out)."""
     task_eval_examples: int = 100
-    """builtin tasks: examples per evaluation length (per length and split for flipflop)."""
+    """builtin tasks: examples per evaluation length (per length and split for a split task)."""
     flipflop_ignore: float = 0.8
     """builtin:flipflop: the probability that an instruction between the first write and the
     last read is ignore (the paper's FFL(p)); evaluated also at 0.98 (sparse) and 0.1 (dense)."""

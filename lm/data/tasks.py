@@ -202,9 +202,9 @@ def _addition(length: int, rng: np.random.Generator, settings: TaskSettings) -> 
     "What Algorithms can Transformers Learn?", and 2024, "Transformers Can Achieve Length
     Generalization But Not Robustly"): ``c3b8a4+c5b2a9=c9b1a3``, reversed ``a4b8c3+a9b2c5=a3b1c9``.
     As Zhou et al. 2024 take a run of consecutive hints from a larger ordered set, each example
-    starts its hints at a random letter, so that training shows every letter; their set has
-    102 hints, this one the 26 lowercase letters (:data:`lm.config.names.HINTS`), so a number
-    has at most 26 digits."""
+    starts its hints at a random letter, so that training shows every letter; their set is
+    larger than their longest test, this one the 26 lowercase letters
+    (:data:`lm.config.names.HINTS`), so a number has at most 26 digits."""
     a, b = (_number(length, rng) for _ in range(2))
     total = a + b
     start = 0

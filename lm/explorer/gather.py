@@ -14,7 +14,7 @@ from lm.config.errors import LMError
 from lm.config.names import task_of
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
 from lm.explorer import maps as measure
-from lm.explorer.signal import signal_charts
+from lm.explorer.signal import signal_charts, undrawn
 from lm.runs.directory import CONFIG
 from lm.runs.load import LoadedRun, load_run
 from lm.sample import generate
@@ -93,8 +93,8 @@ def _flipflop_distance(prompt: str) -> int:
 
 
 def task_examples(run: LoadedRun) -> list[dict[str, Any]] | None:
-    """A task run's first :data:`EXAMPLES` evaluation examples per split and length (the ones
-    ``lm eval`` scores), each with the model's greedy answer and whether it is right; for
+    """A task run's first :data:`EXAMPLES` evaluation examples per split and length (the first
+    of those ``lm eval`` scores), each with the model's greedy answer and whether it is right; for
     flip-flop, the distance from the read back to the last write."""
     data = run.config.data
     task = task_of(data.source)
@@ -153,6 +153,7 @@ def prompt_view(run: LoadedRun, text: str, long: bool = True) -> dict[str, Any]:
         "tokens": [token_text(run.tokenizer, i) for i in ids],
         "weights": measure.rows(maps),
         "signals": signal_charts(run.model, ids, reach, maps),
+        "undrawn": undrawn(run.model),
         "long": view,
     }
 

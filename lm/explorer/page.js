@@ -97,6 +97,7 @@ function lineChart(chart, opts) {
     const d = s.y.map((v, j) => `${j ? "L" : "M"}${px(x[j]).toFixed(2)},${py(v).toFixed(2)}`).join("");
     svg.append(el("svg:path", { d, class: "series" + (opts.on && opts.on(s) ? " on" : ""),
       stroke: COLORS[i % COLORS.length], "data-label": s.label, "data-layer": s.layer, "data-head": s.head }));
+    if (s.y.length <= 30) s.y.forEach((v, j) => svg.append(el("svg:circle", { cx: px(x[j]), cy: py(v), r: 2.5, fill: COLORS[i % COLORS.length] })));
   });
   const cursor = el("svg:line", { y1: Tp, y2: H - B, class: "cursor", visibility: "hidden" });
   svg.append(cursor);
@@ -120,7 +121,7 @@ function lineChart(chart, opts) {
 
 // Grouped bars: groups (x labels) of one bar per series.
 function barChart(title, labels, series, ylabel) {
-  const W = 460, H = 200, L = 50, B = 34, Tp = 8;
+  const W = 460, H = 200, L = 50, B = 34, Tp = 8, R = 14;
   const top = Math.max(1e-9, ...series.flatMap((s) => s.y));
   const svg = el("svg:svg", { viewBox: `0 0 ${W} ${H}`, style: `width: 100%; max-width: ${W}px`, class: "barchart" });
   for (const t of ticks(0, top, 4)) {
@@ -128,7 +129,7 @@ function barChart(title, labels, series, ylabel) {
     svg.append(el("svg:line", { x1: L, x2: W, y1: y, y2: y, class: "gridline" }));
     svg.append(el("svg:text", { x: L - 4, y: y + 4, "text-anchor": "end", text: +t.toPrecision(3) }));
   }
-  const gw = (W - L) / labels.length, bw = gw * 0.8 / series.length;
+  const gw = (W - L - R) / labels.length, bw = gw * 0.8 / series.length;
   labels.forEach((lab, g) => {
     series.forEach((s, i) => {
       const h = s.y[g] / top * (H - B - Tp), x = L + g * gw + gw * 0.1 + i * bw;
@@ -137,7 +138,8 @@ function barChart(title, labels, series, ylabel) {
       bar.addEventListener("mouseleave", hideTip);
       svg.append(bar);
     });
-    svg.append(el("svg:text", { x: L + g * gw + gw / 2, y: H - B + 14, "text-anchor": "middle", text: lab }));
+    svg.append(el("svg:text", { x: L + g * gw + gw / 2, y: H - B + 14, "text-anchor": "middle", text: lab,
+      style: labels.length > 8 ? "font-size: 9px" : null }));
   });
   svg.append(el("svg:line", { x1: L, x2: W, y1: H - B, y2: H - B, class: "axis" }));
   svg.append(el("svg:text", { x: 10, y: (H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 10 ${(H - B) / 2})`, text: ylabel }));
@@ -209,7 +211,7 @@ function attentionPanel(run, r) {
 function signalPanel(run) {
   const [L, H] = at(run);
   const panel = el("div", { class: "panel" }, el("h3", { text: "The position signal against distance n = l − j" }));
-  if (!run.signals.length) panel.append(el("p", { class: "note", text: `${run.scheme}: no function of distance to draw (only the causal mask orders tokens, or a learned table).` }));
+  if (run.undrawn) panel.append(el("p", { class: "note", text: run.undrawn }));
   for (const chart of run.signals) {
     const perLayer = chart.series.some((s) => s.layer !== null);
     panel.append(lineChart(chart, { xlabel: "distance n", kind: "signal",

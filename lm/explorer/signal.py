@@ -24,13 +24,13 @@ import torch
 
 from lm.compare.diagnostics import bias_by_distance
 from lm.config.names import ROTARY, SCHEMES, SCORE_BIASES
+from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
 from lm.model.transformer import TransformerLM
 
-CONTENT = tuple(n for n in SCORE_BIASES if not SCHEMES[n].reads_positions)
-"""Score biases that read the text (gates, not positions): drawn on the prompt, not on the longer
-text."""
+CONTENT = CONTENT_BIASES
+"""Score biases that read the text: drawn on the prompt, not on the longer text."""
 
 
 def _layers(model: TransformerLM, names: tuple[str, ...] | None, place: str) -> list[int]:
@@ -139,6 +139,19 @@ def signal_charts(
         _decay_chart(model, maps),
     ]
     return [c for c in charts if c is not None]
+
+
+def undrawn(model: TransformerLM) -> str:
+    """Why a run's schemes draw no chart, or say nothing: ``none`` and a learned table have no
+    function of distance; a scheme this page does not know yet is named."""
+    names = dict.fromkeys(model.config.layer_positions)
+    known = {*ROTARY, "sinusoidal", "none", "learned"}
+    new = [n for n in names if n not in known and n not in SCORE_BIASES]
+    if new:
+        return f"{', '.join(new)}: its signal against distance is not drawn on this page yet"
+    if names.keys() & {"none", "learned"}:
+        return "only the causal mask orders the tokens, or a learned table: no function of distance"
+    return ""
 
 
 def _list(values: np.ndarray) -> list[float]:

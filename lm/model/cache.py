@@ -5,8 +5,9 @@ Slots are filled left to right, ``capacity`` at most, and preallocated: attentio
 slot (the unfilled ones masked) and new keys are written at a device-side slot index, so a
 one-token step has the same shapes and no host-side slicing at every step, and can be compiled
 or captured as a CUDA graph. Keys are stored after RoPE, each keeping the rotation of its own
-position. With grouped-query attention (``model.n_kv_head``) the cache holds the ``n_kv_head``
-key/value heads, not one per query head: ``n_head / n_kv_head`` times fewer bytes.
+position, at the width the layer's scheme leaves them (PoPE's are twice a head's width). With
+grouped-query attention (``model.n_kv_head``) the cache holds the ``n_kv_head`` key/value heads,
+not one per query head: ``n_head / n_kv_head`` times fewer bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from lm.model.masks import positions_from_mask
 
 
 class KVCache:
-    """Keys and values ``[layers, B, H_kv, capacity, d_k]``, the key mask and key positions
+    """Keys and values ``[B, H_kv, capacity, width]`` per layer, the key mask and key positions
     ``[B, capacity]`` (False and 0 at pads and unfilled slots). ``dtype`` stores keys and values
     in another precision (bf16 under autocast). Only ``extend`` moves the slots: the model
     calls it once per forward pass, before the layers read and write this pass's slots."""
@@ -32,8 +33,9 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ):
         shape = (config.n_layer, batch, config.kv_heads, capacity, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # A layer's keys are made at its first store, at the width its scheme gives them.
+        self.k: list[torch.Tensor | None] = [None] * config.n_layer
         self.key_mask = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.key_positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.start = 0  # the current pass's first slot (host bookkeeping)
@@ -44,6 +46,7 @@ class KVCache:
         self._next = torch.zeros((), dtype=torch.long, device=device)  # first free slot
         self._new = self._slot[:0]  # the slots of the current pass
         self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # see cumulative
+        self._kept: dict[tuple[int, str], torch.Tensor] = {}  # see keep
 
     def extend(self, new_mask: torch.Tensor) -> torch.Tensor:
         """Give T new tokens (``new_mask [B, T]``, True = real) the next T slots; their
@@ -65,14 +68,16 @@ class KVCache:
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Write one layer's new keys and values ``[B, H_kv, T, d_k]`` into this pass's slots;
         return that layer's keys and values of every slot, ``[B, H_kv, capacity, d_k]``."""
-        self.k[layer].index_copy_(2, self._new, k.to(self.k.dtype))
+        if self.k[layer] is None:
+            self.k[layer] = self.v.new_zeros(*self.v.shape[1:-1], k.shape[-1])
+        self.k[layer].index_copy_(2, self._new, k.to(self.v.dtype))
         self.v[layer].index_copy_(2, self._new, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
 
     @property
     def nbytes(self) -> int:
-        """The bytes of every layer's keys and values."""
-        return self.k.nbytes + self.v.nbytes
+        """The bytes of every layer's keys and values (the keys of a layer once it has stored)."""
+        return self.v.nbytes + sum(k.nbytes for k in self.k if k is not None)
 
     def cumulative(self, layer: int, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Running sums of a per-token value of one layer (FoX's log forget gates), ``values [B,
@@ -88,3 +93,14 @@ class KVCache:
         slots.index_copy_(2, self._new, sums)
         total.copy_(sums[..., -1])
         return sums, slots
+
+    def keep(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
+        """Keep a per-token value of one layer beside its keys (PaTH's transforms): ``values [B,
+        H, T, ...]`` of this pass's tokens go into their slots; every slot's, ``[B, H, capacity,
+        ...]`` (zeros where no token was kept), is returned. Made at the first pass."""
+        if (layer, name) not in self._kept:
+            shape = (*values.shape[:2], self.key_mask.shape[1], *values.shape[3:])
+            self._kept[(layer, name)] = values.new_zeros(shape)
+        slots = self._kept[(layer, name)]
+        slots.index_copy_(2, self._new, values)
+        return slots

@@ -111,11 +111,9 @@ def build_plan(
     kernel: str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> Plan:
-    """The plan of a pass over ``input_ids [B, T]``, ``key_mask [B, T]`` (True = real token),
-    ``segments [B, T]`` (each token's document) and ``cache`` (whose newest slots these tokens
-    took); ``kernel`` replaces ``config.kernel``; ``causal=False``: every query reads every key.
-    Positions are drawn at random (``model.random_positions``) in training, and with
-    ``model.random_positions_eval`` in every pass without a cache."""
+    """The plan of a pass over ``input_ids``, ``key_mask`` (True = real token), ``segments``
+    (each token's document), all ``[B, T]``, and ``cache`` (whose newest slots these tokens took);
+    ``kernel`` replaces ``config.kernel``; ``causal=False``: every query reads every key."""
     (B, T), device = input_ids.shape, input_ids.device
     first = 0  # the new tokens' first slot
     if cache is not None:  # each row counting on from its own real tokens
@@ -129,9 +127,9 @@ def build_plan(
     else:
         dense = dense_keys = torch.arange(T, device=device)
     positions, key_positions, limit = dense, dense_keys, first + T  # windows read dense ones
-    drawn = training or config.random_positions_eval  # Ruoss et al.'s code draws at every call
-    if drawn and cache is None and config.random_positions is not None:
-        limit = config.random_positions  # (lm.model.masks.random_positions)
+    drawn = training or config.random_positions_eval  # (model.random_positions_eval)
+    if drawn and cache is None and config.random_positions is not None:  # Ruoss et al.
+        limit = config.random_positions
         positions = key_positions = random_positions(B, T, limit, key_mask, segments, device)
     windows = sorted(set(config.layer_windows) - {None})
     windows = [None, *windows] if None in config.layer_windows else windows

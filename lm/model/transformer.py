@@ -205,16 +205,8 @@ class TransformerLM(nn.Module):
     ) -> Plan:
         """Where every token sits and which keys each query reads, with what a position scheme
         shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
-        plan = build_plan(
-            self.config,
-            input_ids,
-            key_mask,
-            segment_ids,
-            cache,
-            training=self.training,
-            kernel=kernel,
-            dtype=self.embed.weight.dtype,
-        )
+        inputs, dtype = (input_ids, key_mask, segment_ids, cache), self.embed.weight.dtype
+        plan = build_plan(self.config, *inputs, training=self.training, kernel=kernel, dtype=dtype)
         base = plan.window
         for scheme, windows in self._shared:
             for window in windows:

@@ -219,6 +219,15 @@ def clear() -> int:
     return count
 
 
+def cached(kind: str, context: dict[str, Any], candidates: Any) -> Choice | None:
+    """The kept choice of ``kind`` for ``context`` (one of ``candidates``), or None: what
+    :func:`choose` reads before it measures."""
+    kept = read().get(key(kind, context))
+    if kept and kept["value"] in candidates:
+        return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
+    return None
+
+
 def choose(
     kind: str,
     context: dict[str, Any],
@@ -234,9 +243,8 @@ def choose(
     the rest does not count against it; a measurement beside more, or one the cache cannot
     hold (its file cannot be written), is used but not kept, and says why."""
     k = key(kind, context)
-    kept = read().get(k)
-    if kept and kept["value"] in candidates:
-        return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
+    if (earlier := cached(kind, context, candidates)) is not None:
+        return earlier
     watch = OtherWork()
     ms = (measure or interleaved)(candidates)
     value = prefer(ms)

@@ -25,7 +25,7 @@ def mark_joined() -> None:
     _joined = True
 
 
-def met_alike(error: BaseException) -> bool:
+def every_rank_meets(error: BaseException) -> bool:
     """Whether every process of the job meets ``error`` alike, so that rank 0 alone says it: a
     :class:`SharedError`, or any error before the processes joined (each read the same command
     line, config and files). After that, an error of one process is said by that process."""

@@ -81,7 +81,7 @@ from lm.training.setup import (
     with_vocab,
 )
 from lm.training.step import LoopState, Stepper, nonfinite_message
-from lm.training.tune import Chosen, training_choices
+from lm.training.tune import DtypeAndKernel, training_choices
 
 
 @dataclass
@@ -114,7 +114,7 @@ def train(
     run_dir = Path(run_dir)
     refuse_overlap(run_dir, {"--init-from": init_from})  # before anything is touched
     check_board(config.train.tensorboard)
-    device, world = _join(config)
+    device, world = _device_and_world(config)
     lock = RunLock(run_dir)
     threads = torch.get_num_threads()  # this run's own count, given back afterwards
     net = state = None
@@ -122,7 +122,7 @@ def train(
         torch.set_num_threads(_threads(config.train.threads, threads, world, quiet))
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
-        run, chosen = _choose(run)
+        run, chosen = _dtype_and_kernel(run)
         net = _build(run, chosen)
         # Every check passed (config, data, batches, model): only now is anything written.
         _record(run, net, clear=run.checkpoint is None and (overwrite or resume))
@@ -177,7 +177,7 @@ class _Net:
     kernel_choice: Choice | None = None  # how model.kernel: auto chose it (None: the config said)
 
 
-def _join(config: Config) -> tuple[torch.device, World]:
+def _device_and_world(config: Config) -> tuple[torch.device, World]:
     """This process's device, and its place among ``torchrun``'s processes if any."""
     device = resolve_device(config.train.device)
     if device.type == "cpu":
@@ -248,7 +248,7 @@ def _prepare_run(
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
-def _choose(run: _Run) -> tuple[_Run, Chosen]:
+def _dtype_and_kernel(run: _Run) -> tuple[_Run, DtypeAndKernel]:
     """The dtype and kernel the run trains with: what the config names, what ``auto`` measures
     here, or a resume's own. The kernel goes into the run's config, so that its config.yaml
     records the one that ran, and evaluation, sampling and a resume run it too."""
@@ -262,7 +262,7 @@ def _choose(run: _Run) -> tuple[_Run, Chosen]:
     return dataclasses.replace(run, config=config), chosen
 
 
-def _build(run: _Run, chosen: Chosen) -> _Net:
+def _build(run: _Run, chosen: DtypeAndKernel) -> _Net:
     """The model as ``train.seed`` initialises it, its optimizer, and what runs its steps."""
     tc, device, world, data = run.config.train, run.device, run.world, run.data
     torch.manual_seed(tc.seed)
@@ -307,7 +307,7 @@ def _build(run: _Run, chosen: Chosen) -> _Net:
     )  # fmt: skip
 
 
-def _say_measured(run: _Run, chosen: Chosen) -> None:
+def _say_measured(run: _Run, chosen: DtypeAndKernel) -> None:
     """One line for what ``auto`` measured now or earlier: the values, each candidate's step."""
     said = {"train.dtype": chosen.dtype_choice, "model.kernel": chosen.kernel_choice}
     said = {k: c for k, c in said.items() if c is not None and c.how in ("measured", "cached")}

@@ -66,7 +66,7 @@ RECORDED = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 @dataclasses.dataclass(frozen=True)
-class Chosen:
+class DtypeAndKernel:
     """What a run trains with, and how ``auto`` chose each (None: the config named it)."""
 
     dtype: torch.dtype
@@ -82,7 +82,7 @@ def training_choices(
     resumed_dtype: str | None = None,
     resumed_kernel: str | None = None,
     data: PreparedData | None = None,
-) -> Chosen:
+) -> DtypeAndKernel:
     """The autocast dtype and attention kernel of a run. ``resumed_dtype``: the dtype run.json
     says the run trained with; ``resumed_kernel``: the kernel of its config.yaml. A resume keeps
     both, so that it continues as it began whatever the cache says now. ``data``: the run's,
@@ -101,7 +101,7 @@ def _settled(
     processes: int,
     resumed_dtype: str | None,
     resumed_kernel: str | None,
-) -> tuple[Chosen, bool, bool]:
+) -> tuple[DtypeAndKernel, bool, bool]:
     """What is decided without measuring (a setting named, a resume's own, a fallback and why),
     and whether the dtype and the kernel are still free, left to a measurement."""
     dtype_free, kernel_free = config.train.dtype == "auto", config.model.kernel == "auto"
@@ -131,18 +131,18 @@ def _settled(
     elif dtype is None:
         dtype = resolve_dtype(config.train.dtype, device, config.model)
     # A dtype still free is measured; until then fp32 stands in for it.
-    chosen = Chosen(dtype or torch.float32, kernel, dtype_choice, kernel_choice)
+    chosen = DtypeAndKernel(dtype or torch.float32, kernel, dtype_choice, kernel_choice)
     return chosen, dtype_free, kernel_free
 
 
 def _measured(
     config: Config,
     processes: int,
-    settled: Chosen,
+    settled: DtypeAndKernel,
     dtype_free: bool,
     kernel_free: bool,
     data: PreparedData | None,
-) -> Chosen:
+) -> DtypeAndKernel:
     """The free settings measured (or read from the cache): a training step of each
     candidate pair, the settled setting as it is. The steps' models are built only if the
     cache does not answer."""

@@ -26,7 +26,7 @@ import importlib
 
 from lm.config.names import SCHEMES, Place, SchemeRow
 from lm.config.sections import ModelConfig
-from lm.model.position.base import NoPosition, Scheme
+from lm.model.position.base import NoPosition, Scheme, ScoreBias
 
 
 def _scheme_class(row: SchemeRow) -> type[Scheme]:
@@ -38,6 +38,13 @@ SCHEME_CLASSES: dict[str, type[Scheme]] = {
     name: _scheme_class(row) for name, row in SCHEMES.items()
 }
 """Every ``model.position``'s class, by name, in the table's order."""
+
+CONTENT_BIASES = tuple(
+    name
+    for name, cls in SCHEME_CLASSES.items()
+    if cls.place is Place.SCORES and not issubclass(cls, ScoreBias)
+)
+"""The score biases that read the layer's content (FoX's, CoPE's), not positions alone."""
 
 
 def embedding_scheme(config: ModelConfig) -> Scheme | None:

@@ -3,7 +3,7 @@ positions"): pair i of every query and key at position l rotated by ``l theta_i`
 query-key score depends on the offset only. Also partial RoPE (only the first pairs rotate) and
 three ways to extend a RoPE model past its trained context: Position Interpolation, NTK-aware
 scaling and YaRN, each function with its formula and source. :class:`RopeAngles` turns positions
-into angles; :class:`RoPE` is the scheme's part."""
+into angles; :class:`RoPE` is the scheme."""
 
 from __future__ import annotations
 

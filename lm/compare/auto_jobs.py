@@ -13,7 +13,16 @@ padded task's are far shorter than the context). From these it predicts the whol
 training both ways (:func:`predict`: its runs, their steps, the rounds, the last runs) and
 takes one job per core where that comes at most ``GAIN`` of one at a time, else one job. The
 measurement is kept by :mod:`lm.runtime.choices` (by CPU, torch, cores, the model's shape and
-the optimizer), so a machine measures each shape once and each sweep decides from it. On GPUs
+the optimizer), so a machine measures each shape once and each sweep decides from it.
+
+A measurement costs seconds of its own, which a short sweep never wins back. So where nothing
+is kept, one training step is timed first (after a warm-up: :func:`_probe`), and the sweep's
+time one at a time predicted from it; the measurement goes ahead only where its own cost
+(:func:`measuring_cost`) is at most ``MEASURE_SHARE`` of that, else the sweep runs one at a time
+unmeasured and says so. Side by side is taken only where it saves at least ``1 - GAIN`` of the
+time one at a time, which ``MEASURE_SHARE`` does not exceed: a measurement that leads to side by
+side has paid for itself, so the sweep is then not slower than one at a time as predicted; one
+that leads to one at a time costs at most ``MEASURE_SHARE`` of it, once per shape. On GPUs
 ``auto`` is one job per device, unmeasured; with ``LM_TUNE=off`` (the test suite) it is one
 job.
 """
@@ -42,6 +51,14 @@ WINDOW_S = 1.5
 
 MIN_STEPS = 3
 """Steps each measurement times at least (a big model's step may take longer than the window)."""
+
+MEASURE_SHARE = 0.1
+"""A sweep with nothing kept measures only where the measurement's cost is at most this share
+of its time one at a time; at most ``1 - GAIN``, what side by side must save to be taken."""
+
+START_GUESS_S = 3.0
+"""A job's start (a process importing torch and building its model) as guessed before any is
+timed: part of the measurement's cost, whose side-by-side half starts one process per core."""
 
 BARRIER_TIMEOUT_S = 300.0
 """How long a process of the pool waits for the others to be ready (a process that died
@@ -84,6 +101,16 @@ def auto_jobs(
         "1": lambda: _one(m, t, batch, cores),
         str(cores): lambda: _together(m, t, batch, cores),
     }
+    if choices.cached("compare.jobs", context, candidates) is None:
+        step = _probe(m, t, batch, cores)
+        pays, alone, cost = worth_measuring(step, cores, runs, steps or t.max_steps)
+        if not pays:
+            why = (
+                f"{runs} runs of {steps or t.max_steps} steps: about {alone:.0f} s one at a "
+                f"time (a step {1000 * step:.0f} ms), too short to pay for measuring side by "
+                f"side (about {cost:.0f} s): one at a time, unmeasured"
+            )
+            return 1, choices.Choice("1", "fallback", why=why)
     measured = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
         cpus_used=cores,
@@ -95,6 +122,23 @@ def auto_jobs(
         f"{alone:.0f} s one at a time"
     )
     return int(value), dataclasses.replace(measured, value=value, why=why)
+
+
+def measuring_cost(step_s: float, cores: int) -> float:
+    """Seconds a measurement takes for a step of ``step_s`` on every core: one run's warm-up
+    and window (:func:`_steps`), then the pool's start, a one-thread warm-up step (about
+    ``cores`` times slower) and its window."""
+    one = step_s + max(WINDOW_S, MIN_STEPS * step_s)
+    lot = cores * step_s
+    return one + START_GUESS_S + lot + max(WINDOW_S, MIN_STEPS * lot)
+
+
+def worth_measuring(step_s: float, cores: int, runs: int, steps: int) -> tuple[bool, float, float]:
+    """Whether a sweep of ``runs`` runs of ``steps`` steps, a step ``step_s`` on every core,
+    pays for measuring side by side: the measurement's cost at most ``MEASURE_SHARE`` of its
+    time one at a time. Also those two times, in seconds."""
+    alone, cost = runs * steps * step_s, measuring_cost(step_s, cores)
+    return cost <= MEASURE_SHARE * alone, alone, cost
 
 
 def predict(ms: dict[str, float], cores: int, runs: int, steps: int) -> tuple[float, float]:
@@ -164,6 +208,21 @@ def _steps(
         elapsed = time.perf_counter() - begin
         if elapsed >= WINDOW_S and count >= MIN_STEPS:
             return elapsed / count, ready
+
+
+def _probe(model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int) -> float:
+    """The seconds of one training step of this shape on every core, after a warm-up step:
+    what decides whether the sweep pays for a measurement at all."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cores)
+        step = training_step(model, batch[0], train, width=batch[1])
+        step()
+        start = time.perf_counter()
+        step()
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
 
 
 def _one(

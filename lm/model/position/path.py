@@ -1,0 +1,113 @@
+"""PaTH attention (Yang, Shen, Wen, Tan, Mishra, Ren, Panda and Kim 2025, "PaTH Attention:
+Position Encoding via Accumulating Householder Transformations", arXiv 2505.16381, section 3).
+
+RoPE turns a key by a fixed angle per step of distance, the same whatever lies between. PaTH
+turns it by the tokens between: every token ``t`` gives a Householder-like transform of its own
+input ``x_t``,
+
+    H_t = I - beta_t w_t w_t^T,   w_t = W_w x_t / |W_w x_t| (per head),
+    beta_t = 2 sigmoid(u . x_t + b) in (0, 2),
+
+and query i scores key j through the product of the transforms of the tokens after j up to i:
+
+    S_ij = k_j^T (H_{j+1} H_{j+2} ... H_i) q_i / sqrt(d_k)    (S_ii = q_i . k_i / sqrt(d_k)).
+
+A product of such transforms can express what a fixed rotation cannot (it can track a state
+through the tokens), which the paper shows on flip-flop and state-tracking tasks.
+
+The direct form (:func:`path_scores`) follows the equation: for every key j, from the last back
+to the first, the vectors ``u_i = H_{j+1} ... H_i q_i`` of the queries after j take one more
+transform, ``u <- u - beta_{j+1} w_{j+1} (w_{j+1} . u)``, and ``S_ij = k_j . u_i``. That is
+``O(L_k L_q d_k)`` time per head per layer, the order of attention itself, in ``L_k`` steps; with
+gradients on, each step's ``u`` is kept, ``O(L_k L_q d_k)`` memory per head (attention's own
+scores are ``O(L_k L_q)``). The paper's fast form (UT transform and WY chunks, in Triton) is
+not here.
+
+In ``lm``: the scores enter as the score bias ``B = S - q.k / sqrt(d_k)``, so every kernel that
+takes a bias computes ``softmax(S + M)`` with the paper's ``S``; queries and keys are not
+rotated. ``w_t`` is a linear map of ``x_t`` normalised per head; the paper's code puts a short
+convolution before the normalisation, which ``lm`` leaves out. A slot that holds no real token
+(padding, in a KV cache) has ``beta = 0``: its transform is the identity, so it changes nothing
+between real tokens. Refused under FlexAttention (a score reads the transforms of a whole span)
+and with ``ssmax`` (which scales ``q.k``, not PaTH's score).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lm.config.errors import ConfigError
+from lm.config.sections import ModelConfig
+from lm.model.cache import KVCache
+from lm.model.plan import AdditiveMask, Plan
+from lm.model.position.base import Scheme
+
+
+def path_scores(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, start: int = 0
+) -> torch.Tensor:
+    """``k_j^T (H_{j+1} ... H_i) q_i`` ``[B, H, Lq, Lk]`` for queries ``q [B, H, Lq, d]`` at
+    slots ``start .. start + Lq - 1`` and keys ``k``, directions ``w`` (unit) and strengths
+    ``beta`` ``[B, H, Lk(, d)]`` at slots ``0 .. Lk - 1``; zero for a key after its query (which
+    the causal mask hides). The direct form, one key at a time (module docstring)."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    last = min(start + Lq - 1, Lk - 1)  # no query reads a later slot
+    u = q
+    columns: list[torch.Tensor] = [q.new_zeros(q.shape[:-1])] * Lk
+    for j in range(last, -1, -1):
+        if j < last:  # the queries after j take H_{j+1}: u <- u - beta w (w . u)
+            first = max(0, j + 1 - start)  # the first query at a slot after j
+            w_next = w[..., j + 1, None, :]  # (B, H, 1, d)
+            tail = u[..., first:, :]
+            along = (tail * w_next).sum(-1, keepdim=True)
+            tail = tail - beta[..., j + 1, None, None] * w_next * along
+            u = torch.cat([u[..., :first, :], tail], dim=-2)
+        columns[j] = (u * k[..., j, None, :]).sum(-1)  # (B, H, Lq)
+    return torch.stack(columns, dim=-1)
+
+
+class PaTH(Scheme):
+    """PaTH: each query scores each key through the product of the Householder-like transforms
+    of the tokens between them (module docstring), given to the kernel as a score bias."""
+
+    name = "path"
+
+    def __init__(self, config: ModelConfig, layer: int | None = None):
+        super().__init__(config, layer)
+        if config.normalize == "ssmax":
+            raise ConfigError(
+                "model.normalize: ssmax scales q.k, and PaTH's scores are not q.k; use softmax"
+            )
+        self.heads, self.head_dim = config.n_head, config.head_dim
+        self.direction = nn.Linear(config.d_model, config.d_model, bias=False)  # W_w, per head
+        self.strength = nn.Linear(config.d_model, config.n_head)  # u, b: beta = 2 sigma(.)
+
+    def transforms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``w_t`` ``[B, H, T, d_k]`` (unit, per head) and ``beta_t`` ``[B, H, T]``, fp32."""
+        w = self.direction(x).float().unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)
+        beta = 2 * torch.sigmoid(self.strength(x).float()).transpose(1, 2)
+        return F.normalize(w, dim=-1), beta
+
+    def score_bias(
+        self,
+        plan: Plan,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cache: KVCache | None = None,
+    ) -> AdditiveMask | None:
+        w, beta = self.transforms(x)
+        start = 0
+        if cache is not None:  # every slot's transforms; a slot with no real token: identity
+            start = cache.start
+            w = cache.keep(self.layer or 0, "path_w", w)
+            beta = cache.keep(self.layer or 0, "path_beta", beta) * cache.key_mask[:, None]
+        q32, k32 = q.float(), k.float()
+        root = math.sqrt(q.shape[-1])
+        scores = path_scores(q32, k32, w, beta, start) / root
+        bias = (scores - q32 @ k32.transpose(-2, -1) / root).to(plan.dtype)  # the kernel adds q.k
+        return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
