@@ -282,6 +282,12 @@ EVERY_SETTING = {
     # Trained on random positions, the model reads ordinary ones: the export is the same model.
     "rope-random-positions": case(position="rope", random_positions=256),
     "learned-random-positions": case(position="learned", context_length=32, random_positions=48),
+    "random-positions-at-evaluation": case(
+        "model.random_positions_eval: true cannot be exported",
+        position="rope",
+        random_positions=256,
+        random_positions_eval=True,
+    ),
     "t5": case(
         "model.position: t5 cannot be exported", position="t5", t5_buckets=8, t5_max_distance=16
     ),

@@ -366,6 +366,11 @@ def export_target(cfg: ModelConfig) -> str:
             f"model.window: {value_text(cfg.window)} cannot be exported: the transformers "
             "targets lm writes read every key"
         )
+    if cfg.random_positions_eval:
+        raise CannotExpress(
+            "model.random_positions_eval: true cannot be exported: the model draws its positions "
+            "at every pass, and the transformers targets read positions 0, 1, 2, ..."
+        )
     if cfg.rope_p != 1.0:
         raise CannotExpress(
             f"model.rope_p: {cfg.rope_p} cannot be exported: GPT-NeoX's partial rotary re-spaces "
