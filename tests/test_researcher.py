@@ -445,7 +445,7 @@ def test_a_report_of_two_tasks_says_why_one_has_no_cell_under_the_others_columns
 def _fake_pool(monkeypatch, one: float, together: float, start: float, probe: float | None = None):
     """``--jobs auto`` timing nothing: a step of one run on every core, of the one-thread runs
     at once, a job's start, and the probe's step (default ``one``); returns the calls made."""
-    import lm.compare.side_by_side as sbs
+    import lm.compare.auto_jobs as sbs
 
     calls: list[str] = []
 

@@ -233,9 +233,11 @@ def test_recompute_decoding_gives_flex_one_length_and_the_same_tokens(monkeypatc
     flex.load_state_dict(sdpa.state_dict())
     lengths = []
 
-    def fake_flex(q, k, v, score_mod=None, block_mask=None):  # records what would compile
+    def fake_flex(
+        q, k, v, score_mod=None, block_mask=None, enable_gqa=False
+    ):  # records what would compile
         lengths.append(q.shape[-2])
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
 
     monkeypatch.setattr(lm.model.attention, "flex", fake_flex)
     prompts = [[1, 2, 3], [4, 5, 6]]  # one length: flex reads no padding mask here

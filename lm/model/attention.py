@@ -16,9 +16,9 @@ softmax.
 Two settings of the Llama-style block act here. Grouped-query attention (Ainslie et al. 2023,
 ``model.n_kv_head``): ``n_kv_head`` key and value heads, each read by the ``n_head / n_kv_head``
 query heads of its group; the cache and the kernels take them as they are, SDPA and
-FlexAttention with their own grouped-query path, the formulas written out with each group's
+FlexAttention with their own grouped-query option, the formulas written out with each group's
 heads repeated (:func:`lm.model.kernels.per_query_head`). QK-norm (``model.qk_norm``; Henry et
-al. 2020, Qwen3): RMSNorm over each head's query and key, with a learned gain per feature,
+al. 2020, Qwen3): RMSNorm over each head's query and key, with a trained gain per feature,
 before the position scheme rotates them or biases their scores.
 """
 

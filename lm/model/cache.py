@@ -67,9 +67,12 @@ class KVCache:
 
     def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Write one layer's new keys and values ``[B, H_kv, T, d_k]`` into this pass's slots;
-        return that layer's keys and values of every slot, ``[B, H_kv, capacity, d_k]``."""
-        if self.k[layer] is None:
-            self.k[layer] = self.v.new_zeros(*self.v.shape[1:-1], k.shape[-1])
+        return that layer's keys and values of every slot, ``[B, H_kv, capacity, d_k]``. Keys
+        are kept as the scheme leaves them: a scheme with a parameter per query head (PoPE's
+        phase offsets, FoPE's coefficients) gives each query head its own keys."""
+        if self.k[layer] is None:  # a scheme may give keys their own heads and width (PoPE's)
+            B, _, capacity, _ = self.v.shape[1:]
+            self.k[layer] = self.v.new_zeros(B, k.shape[1], capacity, k.shape[-1])
         self.k[layer].index_copy_(2, self._new, k.to(self.v.dtype))
         self.v[layer].index_copy_(2, self._new, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
