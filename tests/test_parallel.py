@@ -158,11 +158,11 @@ def test_fsdp_resume_equals_an_uninterrupted_fsdp_run(runs, block, tmp_path, cap
         assert by_one[step] == pytest.approx(straight[step], rel=1e-5)
 
 
-def test_ddp_trains_one_processs_weights_and_resumes_bit_for_bit(runs, tmp_path):
+def test_ddp_trains_one_processs_weights_and_resumes_bit_for_bit(runs, block, tmp_path):
     # DDP (train.parallel's default) for 6 steps against one process, then stopped after 3 steps
     # (all in warmup, so the schedule is the 6-step run's) and resumed by DDP.
     data = {"cache_dir": str(runs / "cache")}
-    six = {"model": NEWER, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
+    six = {"model": {**NEWER, **block}, "train": {**STEPS, "max_steps": 6, "checkpoint_every": 3}}
     torchrun(write_config(tmp_path / "six.yaml", data=data, **six), tmp_path / "straight")
     one, straight = losses(runs / "one"), losses(tmp_path / "straight")
     assert one.keys() == straight.keys() == set(range(1, 7))
@@ -173,7 +173,7 @@ def test_ddp_trains_one_processs_weights_and_resumes_bit_for_bit(runs, tmp_path)
     assert w_one.keys() == w_straight.keys()
     for k in w_one:  # up to the order of the gradient's sums, as FSDP's above
         torch.testing.assert_close(w_straight[k], w_one[k], rtol=1e-4, atol=1e-4, msg=k)
-    three = {"model": NEWER, "train": {**six["train"], "max_steps": 3}}
+    three = {"model": six["model"], "train": {**six["train"], "max_steps": 3}}
     torchrun(write_config(tmp_path / "three.yaml", data=data, **three), tmp_path / "resumed")
     torchrun(tmp_path / "six.yaml", tmp_path / "resumed", "--resume")
     assert losses(tmp_path / "resumed") == straight
