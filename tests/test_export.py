@@ -24,7 +24,7 @@ from lm.cli import main
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import train_tokenizer
-from lm.hf.weights import TARGETS, mpt_slopes
+from lm.hf.shapes import TARGETS, mpt_slopes
 from lm.model.masks import positions_from_mask
 from lm.model.position.biases import alibi_slopes
 from lm.runs.load import load_run
@@ -532,11 +532,11 @@ def test_export_refuses_bad_input(tmp_path, capsys):
 
 
 def test_a_scheme_no_architecture_computes_is_refused_naming_it(tmp_path, capsys, monkeypatch):
-    import lm.hf.weights
+    import lm.hf.shapes
 
     run_dir = untrained_run(tmp_path, position="alibi")
     targets = {k: v for k, v in TARGETS.items() if k != "alibi"}
-    monkeypatch.setattr(lm.hf.weights, "TARGETS", targets)
+    monkeypatch.setattr(lm.hf.shapes, "TARGETS", targets)
     refused(capsys, ["export", str(run_dir), "--out", str(tmp_path / "hf")], "alibi", "exports")
     nothing_written(tmp_path, "hf")
 

@@ -113,7 +113,8 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_and_the_same_command_resumes(s
         command, stderr=subprocess.PIPE, text=True, start_new_session=True, env=pauses.env()
     )
     first = [tmp_path / "stopped" / f"position={s}" / "seed7" for s in SCHEMES[:2]]
-    assert len(pauses.wait(2)) == 2, process.poll()
+    told = pauses.wait(2, ended=process)
+    assert told is not None, process.stderr.read()
     pauses.close()
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     _, err = process.communicate(timeout=300)

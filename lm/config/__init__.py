@@ -7,7 +7,8 @@ what is allowed. Command-line overrides use dotted names (``train.lr=3e-4``) and
 the same checks as the file.
 
 ``errors`` (what a user can get wrong), ``names`` (every word a key may take), ``values`` (a
-value as text), ``sections`` (the dataclasses), ``load`` (YAML and overrides).
+value as text), ``sections`` (the dataclasses), ``checks`` (the checks that span keys),
+``load`` (YAML and overrides).
 """
 
 from lm.config.errors import ConfigError, LMError

@@ -10,6 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lm.config.checks import (
+    ModelChecks,
+    choice,
+    per_layer,
+    positive,
+)
 from lm.config.errors import ConfigError
 from lm.config.names import (
     BUILTIN_TOKENIZERS,
@@ -18,57 +24,18 @@ from lm.config.names import (
     DEVICES,
     DTYPES,
     KERNELS,
-    MLPS,
-    NO_FLEX,
-    NO_POSITIONS,
-    NORMALIZATIONS,
-    NORMS,
     ON_NONFINITE,
     OPTIMIZERS,
-    POSITIONS,
-    ROTARY,
     SCHEDULES,
-    SCHEMES,
     SPLIT_BY,
     VAL_SPLITS,
-    Place,
 )
 from lm.config.tasks import check_task, check_task_fits
-from lm.config.values import parse_rope_scaling, parse_task_lengths, shown, value_text
-
-RANDOM_POSITIONS_MAX = 1 << 16
-"""The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
-
-
-WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # SchemeRow.even's
-
-
-def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{section}.{name}: {shown(value)} is not one of {', '.join(allowed)}")
-
-
-def _positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if value is None:
-            continue
-        if value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "> 0"
-            raise ConfigError(f"{section}.{name}: must be {bound}, got {shown(value)}")
-
-
-def _per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
-    """A setting per layer: one value for all, or a list, one ending in ``...`` repeated to
-    ``n_layer`` (the config checked that it divides)."""
-    if not isinstance(value, list):
-        return (value,) * n_layer
-    items = [v for v in value if v != "..."]
-    return tuple(items * (n_layer // len(items)))
+from lm.config.values import parse_task_lengths, shown, value_text
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(ModelChecks):
     """The network: a decoder-only transformer as in the notes."""
 
     vocab_size: int | None = None
@@ -168,13 +135,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         s = "model"
-        _positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
-        _positive(s, self, "rope_base", "norm_eps")
+        positive(s, self, "vocab_size", "context_length", "n_layer", "n_head", "d_model", "d_ff")
+        positive(s, self, "rope_base", "norm_eps")
         self._check_position()
         # Each layer's scheme, n_layer names (a list ending in ... repeated): set once, read by
         # every forward pass.
-        object.__setattr__(self, "layer_positions", _per_layer(self.position, self.n_layer))
-        _choice(s, "kernel", self.kernel, KERNELS)
+        object.__setattr__(self, "layer_positions", per_layer(self.position, self.n_layer))
+        choice(s, "kernel", self.kernel, KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
         if self.kernel == "flex" and self.dropout:
@@ -199,203 +166,7 @@ class ModelConfig:
         self._check_normalize()
         self._check_window()
         # Each layer's window, n_layer of them (None: every key).
-        object.__setattr__(self, "layer_windows", _per_layer(self.window, self.n_layer))
-
-    def _check_widths(self) -> None:
-        """The widths each scheme splits into pairs (its row's ``even``) are even."""
-        for name in dict.fromkeys(self.layer_positions):
-            for width in SCHEMES[name].even:
-                if getattr(self, width) % 2:
-                    label, value = WIDTHS[width], getattr(self, width)
-                    raise ConfigError(
-                        f"model.position: {name} needs an even {label} (it pairs features): "
-                        f"{label}={value} must be even"
-                    )
-
-    def _check_block(self) -> None:
-        """The block's norm, MLP and key/value heads."""
-        _choice("model", "norm", self.norm, NORMS)
-        _choice("model", "mlp", self.mlp, MLPS)
-        if self.n_kv_head is None:
-            return
-        if self.n_kv_head < 1 or self.n_kv_head > self.n_head:
-            raise ConfigError(
-                f"model.n_kv_head: must be from 1 to n_head={self.n_head} (key/value heads, each "
-                f"read by n_head / n_kv_head query heads), got {self.n_kv_head}"
-            )
-        if self.n_head % self.n_kv_head:
-            raise ConfigError(
-                f"model.n_kv_head: n_head={self.n_head} is not a multiple of n_kv_head="
-                f"{self.n_kv_head} (each key/value head serves a whole group of query heads)"
-            )
-
-    def _check_normalize(self) -> None:
-        """A normalization that runs with this model's kernel and schemes."""
-        _choice("model", "normalize", self.normalize, NORMALIZATIONS)
-        if self.normalize == "stick_breaking":
-            others = sorted(set(self.layer_positions) - {"none"})
-            if others:
-                raise ConfigError(
-                    f"model.normalize: stick_breaking is its own position signal (Tan et al. use "
-                    f"no position scheme with it); set position: none, not {others[0]}"
-                )
-            if self.kernel == "flex":
-                raise ConfigError(
-                    "model.kernel: flex computes a softmax; stick_breaking runs as the notes' "
-                    "explicit formula does (kernel: sdpa or math)"
-                )
-        if self.kernel == "flex" and (flexless := sorted(set(NO_FLEX) & set(self.layer_positions))):
-            raise ConfigError(
-                f"model.kernel: flex cannot compute {flexless[0]}'s bias, which reads more than "
-                "the one query-key pair a score function sees; use sdpa"
-            )
-
-    def _check_window(self) -> None:
-        """One window, or one per layer: each a whole number of keys from 1 to the context."""
-        if self.window is None:
-            return
-        if isinstance(self.window, list):
-            text = value_text(self.window)
-            items = list(self.window)
-            repeat = items[-1:] == ["..."]
-            items = items[:-1] if repeat else items
-            if not items or any(i == "..." for i in items):
-                raise ConfigError(
-                    f"model.window: {text}: give one window per layer (null: every key), or "
-                    "end the list with ... to repeat it"
-                )
-            if (repeat and self.n_layer % len(items)) or (
-                not repeat and len(items) != self.n_layer
-            ):
-                raise ConfigError(
-                    f"model.window: {text} gives {len(items)} windows for n_layer={self.n_layer} "
-                    "layers; give one per layer, or end the list with ... to repeat it"
-                )
-        else:
-            items = [self.window]
-        for w in items:
-            if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
-                raise ConfigError(f"model.window: {shown(w)} is not a number of keys >= 1")
-            if w is not None and w > self.context_length:
-                raise ConfigError(
-                    f"model.window: {w} is more than model.context_length={self.context_length}: "
-                    "a window that long reads every key (write null)"
-                )
-
-    def _check_random_positions(self) -> None:
-        M = self.random_positions
-        if M is None:
-            return
-        if M > RANDOM_POSITIONS_MAX:
-            raise ConfigError(
-                f"model.random_positions: {M} is more than {RANDOM_POSITIONS_MAX:,}: every "
-                "training step draws each sequence's positions from a random order of all M, and "
-                "RoPE's angles (or a learned table) hold M rows"
-            )
-        if self.context_length > M:
-            raise ConfigError(
-                f"model.random_positions: {M} is below model.context_length="
-                f"{self.context_length}; training draws a sequence's positions from [0, M), so "
-                "M must be at least the longest sequence"
-            )
-        if set(self.layer_positions) <= set(NO_POSITIONS):
-            text = self.position_text  # none, fox or cope: no position is read
-            raise ConfigError(f"model.random_positions: position: {text} reads no positions")
-
-    def _check_random_positions_eval(self) -> None:
-        if self.random_positions_eval and self.random_positions is None:
-            raise ConfigError(
-                "model.random_positions_eval: draws model.random_positions at evaluation too; "
-                "set model.random_positions (M) first"
-            )
-
-    def _check_position(self) -> None:
-        """One scheme, or one per layer (read back as ``layer_positions``)."""
-        if isinstance(self.position, str):
-            _choice("model", "position", self.position, POSITIONS)
-            return
-        text = value_text(self.position)
-        names = list(self.position)
-        repeat = names[-1:] == ["..."]
-        names = names[:-1] if repeat else names
-        if len(set(names)) == 1 and (repeat or len(names) == self.n_layer):
-            # One scheme in every layer ([rope, ...]) is that scheme, exported and resumed as it.
-            object.__setattr__(self, "position", names[0])
-            _choice("model", "position", self.position, POSITIONS)
-            return
-        if not names:
-            raise ConfigError(
-                f"model.position: {text} names no scheme; give one per layer, for example "
-                "[rope, rope, rope, none]"
-            )
-        for name in names:
-            if name == "...":
-                raise ConfigError(f"model.position: {text}: ... may only end the list")
-            _choice("model", "position", name, POSITIONS)
-            if SCHEMES[name].place is Place.EMBEDDINGS:
-                raise ConfigError(
-                    f"model.position: {text}: {name} adds to the embeddings, below every layer "
-                    f"at once, and cannot be chosen per layer (write position: {name})"
-                )
-        if repeat and self.n_layer % len(names):
-            raise ConfigError(
-                f"model.position: {text} repeats {len(names)} schemes, which does not fill "
-                f"n_layer={self.n_layer} layers"
-            )
-        if not repeat and len(names) != self.n_layer:
-            raise ConfigError(
-                f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
-                "layers; give one per layer, or end the list with ... to repeat it"
-            )
-
-    def _check_scheme_keys(self) -> None:
-        """Each scheme's keys within its range; read only by a model that uses their scheme (as
-        ``rope_base``), so that one config can hold them for a sweep over ``model.position``."""
-        _choice("model", "dape_bias", self.dape_bias, ("kerple", "alibi"))
-        _positive("model", self, "fire_width", "fire_threshold", "xpos_scale_base", "cope_max")
-        if self.t5_buckets < 2:
-            raise ConfigError(f"model.t5_buckets: must be at least 2, got {self.t5_buckets}")
-        if self.t5_max_distance <= self.t5_buckets // 2:
-            raise ConfigError(
-                f"model.t5_max_distance: must be above t5_buckets/2 = {self.t5_buckets // 2} "
-                f"(the distances with a bucket each), got {self.t5_max_distance}"
-            )
-
-    def _check_rope(self) -> None:
-        """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
-        parsed here, once, into ``rope_method`` and ``rope_factor``."""
-        object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
-        _positive("model", self, "rope_original_context")
-        for name in ("rope_fraction", "rope_p"):
-            if not 0.0 < getattr(self, name) <= 1.0:
-                raise ConfigError(f"model.{name}: must be in (0, 1], got {getattr(self, name)!r}")
-        if not set(ROTARY) & set(self.layer_positions):
-            keys = (("rope_fraction", 1.0), ("rope_p", 1.0), ("rope_original_context", None))
-            for name, default in keys:
-                if getattr(self, name) != default:
-                    raise ConfigError(
-                        f"model.{name}: applies to position: rope or xpos only (this model "
-                        f"uses {self.position_text})"
-                    )
-            if self.rope_method != "none":
-                raise ConfigError(
-                    f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "
-                    f"position: {self.position_text}"
-                )
-            return
-        if self.rope_fraction != 1.0 and self.rope_p != 1.0:
-            raise ConfigError(
-                "model.rope_p: p-RoPE keeps the fastest pairs at their frequencies, rope_fraction "
-                "re-spaces the frequencies of the first pairs; set one of them"
-            )
-        for name in ("rope_fraction", "rope_p"):
-            share = getattr(self, name)
-            pairs = share * self.head_dim / 2
-            if round(pairs) < 1 or abs(pairs - round(pairs)) > 1e-6:
-                raise ConfigError(
-                    f"model.{name}: {share} of the {self.head_dim // 2} pairs of a head is "
-                    f"{pairs:g} pairs; choose a fraction that gives a whole number >= 1"
-                )
+        object.__setattr__(self, "layer_windows", per_layer(self.window, self.n_layer))
 
     @property
     def head_dim(self) -> int:
@@ -520,10 +291,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         s = "data"
-        _choice(s, "mode", self.mode, DATA_MODES)
-        _choice(s, "split_by", self.split_by, SPLIT_BY)
-        _choice(s, "val_split", self.val_split, VAL_SPLITS)
-        _positive(s, self, "max_documents", "num_proc", "vocab_size")
+        choice(s, "mode", self.mode, DATA_MODES)
+        choice(s, "split_by", self.split_by, SPLIT_BY)
+        choice(s, "val_split", self.val_split, VAL_SPLITS)
+        positive(s, self, "max_documents", "num_proc", "vocab_size")
         if not self.source.strip():
             raise ConfigError("data.source: must name a file, folder, glob, Hub id or builtin:")
         if not 0.0 < self.val_fraction < 1.0:
@@ -631,11 +402,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         s = "train"
-        _choice(s, "schedule", self.schedule, SCHEDULES)
-        _choice(s, "optimizer", self.optimizer, OPTIMIZERS)
-        _choice(s, "device", self.device, DEVICES)
-        _choice(s, "dtype", self.dtype, DTYPES)
-        _choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
+        choice(s, "schedule", self.schedule, SCHEDULES)
+        choice(s, "optimizer", self.optimizer, OPTIMIZERS)
+        choice(s, "device", self.device, DEVICES)
+        choice(s, "dtype", self.dtype, DTYPES)
+        choice(s, "parallel", self.parallel, ("ddp", "fsdp"))
         if self.parallel == "fsdp" and self.dtype == "fp16":
             # FSDP2's mixed precision has no gradient scaler to pair with fp16's narrow range.
             raise ConfigError(
@@ -652,14 +423,14 @@ class TrainConfig:
             raise ConfigError(
                 f"train.compile: expected true, false or null, got {shown(self.compile)}"
             )
-        _choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
-        _choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
-        _positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
-        _positive(s, self, "micro_batch_size", "dist_timeout_s", "threads")
-        _positive(s, self, "muon_lr")
-        _positive(s, self, "eval_steps", "eval_batch_size", "log_every")
-        _positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
-        _positive(s, self, "eval_every", "checkpoint_every", allow_zero=True)
+        choice(s, "on_nonfinite", self.on_nonfinite, ON_NONFINITE)
+        choice(s, "on_checkpoint_error", self.on_checkpoint_error, ("stop", "continue"))
+        positive(s, self, "max_steps", "batch_size", "grad_accum", "lr", "keep_checkpoints")
+        positive(s, self, "micro_batch_size", "dist_timeout_s", "threads")
+        positive(s, self, "muon_lr")
+        positive(s, self, "eval_steps", "eval_batch_size", "log_every")
+        positive(s, self, "warmup_steps", "min_lr", "weight_decay", "grad_clip", allow_zero=True)
+        positive(s, self, "eval_every", "checkpoint_every", allow_zero=True)
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr: {self.min_lr} is above train.lr={self.lr}")
         for name in ("beta1", "beta2"):

@@ -1,6 +1,6 @@
 """``lm export``: a run as a folder that Hugging Face ``transformers`` loads with no custom code.
 
-OUT/config.json             the target architecture (lm.hf.weights says which, per position scheme)
+OUT/config.json             the target architecture (lm.hf.weights says which, per scheme)
 OUT/model.safetensors       the weights in its layout, in fp32, bf16 or fp16
 OUT/generation_config.json  <eod> ends (and, as in lm, starts) a document; <pad> pads
 OUT/tokenizer.json          the run's own tokenizer, unchanged
@@ -30,7 +30,8 @@ from lm.config.errors import LMError
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import EOD, PAD, UNK, TextTokenizer
 from lm.hf.rope import ROPE_KEYS, rope_parameters
-from lm.hf.weights import ARCHITECTURES, HFModel, to_hf
+from lm.hf.shapes import ARCHITECTURES
+from lm.hf.weights import HFModel, to_hf
 from lm.runs.directory import CONFIG, PROVENANCE, check_out_dir, refuse_overlap
 from lm.runs.load import LoadedRun, load_run
 

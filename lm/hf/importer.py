@@ -4,7 +4,7 @@
 The run holds config.yaml, tokenizer.json, run.json (saying where the weights came from) and one
 checkpoint, ``checkpoints/step_00000000``, with weights only: ``lm sample``, ``lm eval`` and
 ``lm train --init-from`` accept it. Whatever ``lm``'s model cannot compute exactly is refused in
-one line naming the first mismatch (lm.hf.weights). An ``lm export`` folder comes back bit for bit.
+one line naming the first mismatch (lm.hf.shapes). An ``lm export`` folder comes back bit for bit.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.data.tokenizer import TextTokenizer
 from lm.hf.export import LM_CONFIG, built_folder, check_output, require_transformers
 from lm.hf.rope import ROPE_KEYS, rope_parameters
-from lm.hf.weights import from_hf, model_shape
+from lm.hf.shapes import model_shape
+from lm.hf.weights import from_hf
 from lm.model.transformer import TransformerLM
 from lm.runs.checkpoint import latest_checkpoint, save_checkpoint
 from lm.runs.directory import (

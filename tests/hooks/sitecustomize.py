@@ -6,7 +6,8 @@ while it trains) waits for that line instead of polling on time.
 
 A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked
 for) or ``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only``
-(optional) a text the process's command line must hold; then ``tell`` a FIFO to write one line
+(optional) a text the process's command line must hold when it gets there (a job slot of ``lm
+compare --jobs`` sets ``sys.argv`` to each run's ``lm train`` command before training it); then ``tell`` a FIFO to write one line
 on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal`` (wait for
 SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a FIFO
 to read one line from before going on."""
@@ -38,10 +39,12 @@ def _stop(rule: dict) -> None:
     signal.raise_signal(received)  # now to lm's own handler
 
 
+def _applies(rule: dict) -> bool:
+    """Not yet done, and named by this process's command line as it is now."""
+    return not rule.get("done") and rule.get("only", "") in " ".join(sys.argv)
+
+
 def _install(rules: list[dict]) -> None:
-    rules = [r for r in rules if r.get("only", "") in " ".join(sys.argv)]
-    if not rules:
-        return
     import lm.data.batches
     import lm.runs.checkpoint
 
@@ -50,7 +53,7 @@ def _install(rules: list[dict]) -> None:
             step_of = lm.data.batches.TrainBatches.step
 
             def step(self, i, _rule=rule, _step_of=step_of):
-                if i == _rule["at"] and not _rule.get("done"):
+                if i == _rule["at"] and _applies(_rule):
                     _rule["done"] = True
                     _stop(_rule)
                 return _step_of(self, i)
@@ -62,7 +65,7 @@ def _install(rules: list[dict]) -> None:
 
                 def written(*args, _rule=rule, _write=write, **kwargs):
                     result = _write(*args, **kwargs)
-                    if not _rule.get("done"):
+                    if _applies(_rule):
                         _rule["done"] = True
                         _stop(_rule)
                     return result
