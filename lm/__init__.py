@@ -16,7 +16,16 @@ and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causa
 the command line) stays quick.
 """
 
+import os
+
 __version__ = "0.2.0"
+
+# A run's numbers must not depend on its thread count (lm compare --jobs trains runs on a share
+# of the cores and compares them with runs trained alone). On Intel CPUs, MKL's matrix products
+# split a long sum in one part per thread unless its strict reproducible mode is on; it costs
+# nothing measurable at lm's shapes (docs/performance.md). MKL reads this at its first product,
+# so it is set when lm is imported; a value the user set is kept.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 _API = {
     "train": "lm.api",

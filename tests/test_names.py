@@ -8,6 +8,7 @@ import pytest
 
 from lm.config.errors import ConfigError
 from lm.config.names import (
+    FORMULA_ON_CPU,
     LEARNED_BIASES,
     NO_FLEX,
     POSITIONS,
@@ -45,6 +46,7 @@ def test_the_lists_are_read_from_the_rows():
     assert tuple(r.name for r in rows if r.place is Place.SCORES) == SCORE_BIASES
     assert tuple(r.name for r in rows if r.learned_bias) == LEARNED_BIASES
     assert tuple(r.name for r in rows if not r.flex) == NO_FLEX
+    assert tuple(r.name for r in rows if r.learned_bias or r.wide_keys) == FORMULA_ON_CPU
     assert tuple(r.name for r in rows if r.rotary) == ROTARY
 
 

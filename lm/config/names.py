@@ -36,6 +36,10 @@ class SchemeRow:
     learned_bias: bool = False
     """Its score bias has learned parameters, so training takes their gradient through the
     attention kernel (``lm.model.kernels.choose_kernel`` picks the kernel for it)."""
+    wide_keys: bool = False
+    """Its queries and keys leave wider than the values (PoPE's ``2 d_k``), where PyTorch's fused
+    CPU attention needs one width: SDPA then runs its math path, so training on CPU takes the
+    notes' formula as for a learned bias (``lm.model.kernels.choose_kernel``)."""
     flex: bool = True
     """FlexAttention's score function, which sees one query-key pair at a time, can compute it."""
     rotary: bool = False
@@ -68,7 +72,7 @@ SCHEMES = {
             flex=False,
             reads_positions=False,
         ),
-        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE"),
+        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE", wide_keys=True),
         SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
         SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
         SchemeRow("dape", Place.SCORES, "dape:DAPE", learned_bias=True, flex=False),
@@ -87,6 +91,8 @@ docstring to it)."""
 POSITIONS = tuple(SCHEMES)
 SCORE_BIASES = tuple(n for n, row in SCHEMES.items() if row.place is Place.SCORES)
 LEARNED_BIASES = tuple(n for n, row in SCHEMES.items() if row.learned_bias)
+FORMULA_ON_CPU = tuple(n for n, row in SCHEMES.items() if row.learned_bias or row.wide_keys)
+"""The schemes that train through the notes' formula on CPU (``lm.model.kernels``)."""
 NO_FLEX = tuple(n for n, row in SCHEMES.items() if not row.flex)
 ROTARY = tuple(n for n, row in SCHEMES.items() if row.rotary)
 EMBEDDED = tuple(n for n, row in SCHEMES.items() if row.place is Place.EMBEDDINGS)

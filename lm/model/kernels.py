@@ -6,16 +6,15 @@ query, key), so no ``T x T`` tensor exists. ``lm.model.attention.attend`` calls 
 runs, decided once per forward pass (:func:`choose_kernel`, called by :mod:`lm.model.plan`).
 
 Which kernel runs. ``model.kernel: math`` runs the notes' formula; ``model.normalize:
-stick_breaking`` runs its own formula, written out, whatever the kernel. FlexAttention needs no
-KV cache, no attention dropout, a scheme it can compute (its row's ``flex``), and a backward pass
-where gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a score bias in a
-model compiled for a GPU (on CPU it measured no faster: docs/performance.md, "Masked
-attention"). On CPU, the gradient of a learned bias (its row's ``learned_bias``) goes through
-the notes' formula: SDPA then runs PyTorch's own math path, whose softmax backward sums in parts
-that depend on the thread count, so a run's numbers would too (:func:`softmax_rows` sums each
-row whole). ``auto``, which ``lm train`` resolves before it builds a model, runs as ``sdpa``
-wherever a model is built with it unresolved.
-"""
+stick_breaking`` runs its own formula, written out, whatever the kernel. FlexAttention needs no KV
+cache, no attention dropout, a scheme it can compute (its row's ``flex``), and a backward pass where
+gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a score bias in a model
+compiled for a GPU (on CPU it measured no faster: docs/performance.md, "Masked attention"). On CPU,
+the gradient of a learned bias (its row's ``learned_bias``), and of queries and keys wider than the
+values (``wide_keys``), goes through the notes' formula: SDPA then runs PyTorch's own math path,
+whose softmax backward sums in parts that depend on the thread count, so a run's numbers would too
+(:func:`softmax_rows` sums each row whole). ``auto``, which ``lm train`` resolves before it builds a
+model, runs as ``sdpa`` wherever a model is built with it unresolved."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from lm.config.names import LEARNED_BIASES, NO_FLEX
+from lm.config.names import FORMULA_ON_CPU, NO_FLEX
 from lm.config.sections import ModelConfig
 
 try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
@@ -95,7 +94,7 @@ def choose_kernel(setting: str, config: ModelConfig, device, masked: bool, cache
     schemes, grad, cpu = set(config.layer_positions), torch.is_grad_enabled(), device.type == "cpu"
     if config.normalize == "stick_breaking":
         return "stick_breaking"
-    if setting == "math" or (cpu and grad and not schemes.isdisjoint(LEARNED_BIASES)):
+    if setting == "math" or (cpu and grad and not schemes.isdisjoint(FORMULA_ON_CPU)):
         return "math"
     compiled_gpu = device.type == "cuda" and torch.compiler.is_compiling()
     flex = (setting == "flex" or (masked and compiled_gpu)) and FLEX_AVAILABLE and cache is None

@@ -4,13 +4,13 @@ the ``lm`` process that a rule names stops at a named point, says so, and waits.
 must act on a process in a given state (kill it while a checkpoint is half-written, signal it
 while it trains) waits for that line instead of polling on time.
 
-A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked
-for) or ``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only``
-(optional) a text the process's command line must hold when it gets there (a job slot of ``lm
-compare --jobs`` sets ``sys.argv`` to each run's ``lm train`` command before training it); then ``tell`` a FIFO to write one line
-on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal`` (wait for
-SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a FIFO
-to read one line from before going on."""
+A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked for) or
+``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only`` (optional) a
+text the process's command line must hold when it gets there (a job slot of ``lm compare --jobs``
+sets ``sys.argv`` to each run's ``lm train`` command before training it); then ``tell`` a FIFO to
+write one line on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal``
+(wait for SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a
+FIFO to read one line from before going on."""
 
 from __future__ import annotations
 
