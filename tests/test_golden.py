@@ -3,13 +3,21 @@
 step's training loss and each evaluation's) and the trained model's logits on a fixed window,
 compared exactly: a run's numbers do not depend on the thread count (tests/test_jobs.py), so
 any difference is a change of the math. The cases: the fused kernel (SDPA), the notes' formula
-written out, a learned score bias, the Muon optimizer, and padded batches. After a change that
-is meant to move them, regenerate with ``LM_UPDATE_GOLDEN=1 python -m pytest -n 0
-tests/test_golden.py`` and say why in the commit."""
+written out, a learned score bias, the Muon optimizer, and padded batches.
+
+The bits depend on the CPU as well: PyTorch's and MKL's kernels add in another order with
+AVX-512 than with AVX2, and on Intel than on AMD. So the numbers are kept per machine kind
+(vendor and PyTorch's CPU capability) and compared exactly on a kind that has them; on another
+kind, near enough to a kind kept (:func:`close`; a change of the math moves them by more). After a
+change that is meant to move them, regenerate on each kind at hand with ``LM_UPDATE_GOLDEN=1
+python -m pytest -n 0 tests/test_golden.py`` (which rewrites this kind's) and say why in the
+commit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -80,14 +88,49 @@ def test_a_tiny_run_reproduces_its_stored_numbers_exactly(case, tmp_path):
     )  # fmt: skip
     train(cfg, tmp_path / "run", quiet=True)
     got = numbers(tmp_path / "run")
-    stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
-    if os.environ.get("LM_UPDATE_GOLDEN"):
-        stored[case] = got
-        GOLDEN.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
-    want = stored[case]
     assert len(got["train_loss"]) == steps and len(got["val_loss"]) == 2
-    for key in ("train_loss", "val_loss"):
-        for step, value in want[key].items():
-            assert got[key].get(step) == value, (key, step, got[key].get(step), value)
-        assert got[key].keys() == want[key].keys()
-    assert got["logits"] == want["logits"]  # every float, bit for bit
+    stored = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    kind = machine_kind()
+    if os.environ.get("LM_UPDATE_GOLDEN"):
+        stored.setdefault(kind, {})[case] = got
+        stored[kind] = dict(sorted(stored[kind].items()))
+        GOLDEN.write_text(json.dumps(dict(sorted(stored.items())), indent=1) + "\n")
+    if case in stored.get(kind, {}):
+        assert flat(got) == flat(stored[kind][case])  # every float, bit for bit
+        return
+    kept = [k for k in stored if case in stored[k]]
+    assert kept, f"no machine kind has {case}'s numbers: regenerate (module docstring)"
+    for other in kept:
+        want = flat(stored[other][case])
+        assert flat(got).keys() == want.keys()
+        if all(close(k[0], v, want[k]) for k, v in flat(got).items()):
+            return
+    pytest.fail(f"{case}: the numbers are near those of no kind kept ({', '.join(kept)})")
+
+
+def close(key: str, got: float, want: float) -> bool:
+    """Losses to rtol 1e-4; logits (of size about 1) to 0.01, since Muon's iteration runs in
+    bf16 where the CPU has it (lm/training/optim.py) and moves them by up to 0.004."""
+    if key == "logits":
+        return abs(got - want) <= 1e-2
+    return math.isclose(got, want, rel_tol=1e-4)
+
+
+def machine_kind() -> str:
+    """The CPU's vendor and the instructions PyTorch's kernels use on it: ``GenuineIntel
+    AVX512``."""
+    vendor = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+                break
+    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
+
+
+def flat(numbers: dict) -> dict[tuple, float]:
+    """Every number of a case by its place: (key, step) for losses, (logits, i, j)."""
+    out = {(key, step): v for key in ("train_loss", "val_loss") for step, v in numbers[key].items()}
+    for i, row in enumerate(numbers["logits"]):
+        out.update({("logits", i, j): v for j, v in enumerate(row)})
+    return out
