@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 
@@ -27,16 +28,38 @@ def _stop(rule: dict) -> None:
         with open(rule["wait_for"]) as fifo:
             fifo.readline()
         return
-    # Blocked before the line is written, so a signal sent as soon as it is read is not lost.
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
-    with open(rule["tell"], "a") as fifo:
-        fifo.write(f"{rule['where']} {rule.get('at', 0)} {os.getpid()}\n")
     if rule.get("then") == "forever":
+        _tell(rule)
         while True:
             signal.pause()
-    received = signal.sigwait(STOPS)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
-    signal.raise_signal(received)  # now to lm's own handler
+    # Caught before the line is written, so a signal sent as soon as it is read is not lost. A
+    # process-directed signal may reach any thread (torch's among them), so the main thread does
+    # not wait for it in sigwait, which only takes a signal pending for itself: Python's C
+    # handler, in whichever thread, writes to the wakeup pipe this thread waits on, and the
+    # handler below then runs here.
+    received: list[int] = []
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    wakeup = signal.set_wakeup_fd(write_end)
+    handlers = {s: signal.signal(s, lambda n, _: received.append(n)) for s in STOPS}
+    try:
+        _tell(rule)
+        while not received:
+            # The timeout only re-reads the list should the handler run after the wakeup.
+            if select.select([read_end], [], [], 1.0)[0]:
+                os.read(read_end, 64)
+    finally:
+        for stop, handler in handlers.items():
+            signal.signal(stop, handler)
+        signal.set_wakeup_fd(wakeup)
+        os.close(read_end)
+        os.close(write_end)
+    signal.raise_signal(received[0])  # now to lm's own handler
+
+
+def _tell(rule: dict) -> None:
+    with open(rule["tell"], "a") as fifo:
+        fifo.write(f"{rule['where']} {rule.get('at', 0)} {os.getpid()}\n")
 
 
 def _applies(rule: dict) -> bool:
