@@ -7,7 +7,7 @@ written out, a learned score bias, the Muon optimizer, and padded batches.
 
 The bits depend on the CPU as well: PyTorch's and MKL's kernels add in another order with
 AVX-512 than with AVX2, and on Intel than on AMD. So the numbers are kept per machine kind
-(vendor and PyTorch's CPU capability) and compared exactly on a kind that has them; on another
+(:func:`machine_kind`) and compared exactly on a kind that has them; on another
 kind, near enough to a kind kept (:func:`close`; a change of the math moves them by more). After a
 change that is meant to move them, regenerate on each kind at hand with ``LM_UPDATE_GOLDEN=1
 python -m pytest -n 0 tests/test_golden.py`` (which rewrites this kind's) and say why in the
@@ -117,15 +117,17 @@ def close(key: str, got: float, want: float) -> bool:
 
 
 def machine_kind() -> str:
-    """The CPU's vendor and the instructions PyTorch's kernels use on it: ``GenuineIntel
+    """The CPU, as finely as its kernels can differ: vendor, family and model (one model runs the
+    same MKL and oneDNN code paths), and the instructions PyTorch uses on it, ``GenuineIntel 6/167
     AVX512``."""
-    vendor = "unknown"
+    fields = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                vendor = line.split(":", 1)[1].strip()
-                break
-    return f"{vendor} {torch.backends.cpu.get_cpu_capability()}"
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    vendor = fields.get("vendor_id", "unknown")
+    model = f"{fields.get('cpu family', '?')}/{fields.get('model', '?')}"
+    return f"{vendor} {model} {torch.backends.cpu.get_cpu_capability()}"
 
 
 def flat(numbers: dict) -> dict[tuple, float]:
