@@ -13,10 +13,12 @@ with ``d`` frequencies ``theta_c = base^(-c/d)``, ``c = 0 .. d-1`` (twice RoPE's
 as finely), and a learned phase offset ``delta_c`` per head and frequency, starting at 0.
 
 In ``lm``: the complex numbers are written as real features, ``[mu cos phi, mu sin phi]``, so a
-head's queries and keys are ``2 d`` wide and every kernel (and the KV cache, which keeps the keys
-at that width) computes the score as a dot product; the queries carry a factor ``sqrt 2`` so
-that the kernels' ``1/sqrt(2 d)`` is the paper's ``1/sqrt(d)``. The offset is unclamped (a phase
-is periodic). ``theta`` uses ``model.rope_base`` (10000, the paper's).
+head's queries and keys are ``2 d`` wide and every kernel (and the KV cache, which keeps the keys at
+that width) computes the score as a dot product; the queries carry a factor ``sqrt 2`` so that the
+kernels' ``1/sqrt(2 d)`` is the paper's ``1/sqrt(d)``. Queries and keys wider than the values send
+PyTorch's SDPA down its math path, so on CPU training takes the notes' formula (its row's
+``wide_keys``: ``lm.model.kernels``). The offset is unclamped (a phase is periodic). ``theta`` uses
+``model.rope_base`` (10000, the paper's).
 """
 
 from __future__ import annotations
