@@ -9,7 +9,6 @@ import pytest
 from lm.config.errors import ConfigError
 from lm.config.names import (
     FORMULA_ON_CPU,
-    LEARNED_BIASES,
     NO_FLEX,
     POSITIONS,
     ROTARY,
@@ -44,7 +43,6 @@ def test_every_scheme_class_is_its_rows_class_and_every_row_has_one():
 def test_the_lists_are_read_from_the_rows():
     rows = SCHEMES.values()
     assert tuple(r.name for r in rows if r.place is Place.SCORES) == SCORE_BIASES
-    assert tuple(r.name for r in rows if r.learned_bias) == LEARNED_BIASES
     assert tuple(r.name for r in rows if not r.flex) == NO_FLEX
     assert tuple(r.name for r in rows if r.learned_bias or r.wide_keys) == FORMULA_ON_CPU
     assert tuple(r.name for r in rows if r.rotary) == ROTARY

@@ -53,6 +53,31 @@ def per_layer(value: Any, n_layer: int) -> tuple[Any, ...]:
     return tuple(items * (n_layer // len(items)))
 
 
+def layer_items(key: str, value: Any, n_layer: int, noun: str) -> list[Any]:
+    """The items of ``model.KEY`` given per layer, a scalar being one for every layer: a list of
+    one per layer, or one ending in ``...`` whose items repeat to fill ``n_layer``."""
+    if not isinstance(value, list):
+        return [value]
+    text = value_text(value)
+    repeat = value[-1:] == ["..."]
+    items = value[:-1] if repeat else list(value)
+    again = "give one per layer, or end the list with ... to repeat it"
+    if not items:
+        raise ConfigError(f"model.{key}: {text} names no {noun}; {again}")
+    if "..." in items:
+        raise ConfigError(f"model.{key}: {text}: ... may only end the list")
+    if repeat and n_layer % len(items):
+        raise ConfigError(
+            f"model.{key}: {text} repeats {len(items)} {noun}s, which does not fill "
+            f"n_layer={n_layer} layers"
+        )
+    if not repeat and len(items) != n_layer:
+        raise ConfigError(
+            f"model.{key}: {text} names {len(items)} {noun}s for n_layer={n_layer} layers; {again}"
+        )
+    return items
+
+
 class ModelChecks:
     """The checks of ``model`` that span several keys, one method a concern; ``ModelConfig``
     inherits them and its ``__post_init__`` calls them in order."""
@@ -108,28 +133,7 @@ class ModelChecks:
 
     def _check_window(self) -> None:
         """One window, or one per layer: each a whole number of keys from 1 to the context."""
-        if self.window is None:
-            return
-        if isinstance(self.window, list):
-            text = value_text(self.window)
-            items = list(self.window)
-            repeat = items[-1:] == ["..."]
-            items = items[:-1] if repeat else items
-            if not items or any(i == "..." for i in items):
-                raise ConfigError(
-                    f"model.window: {text}: give one window per layer (null: every key), or "
-                    "end the list with ... to repeat it"
-                )
-            if (repeat and self.n_layer % len(items)) or (
-                not repeat and len(items) != self.n_layer
-            ):
-                raise ConfigError(
-                    f"model.window: {text} gives {len(items)} windows for n_layer={self.n_layer} "
-                    "layers; give one per layer, or end the list with ... to repeat it"
-                )
-        else:
-            items = [self.window]
-        for w in items:
+        for w in layer_items("window", self.window, self.n_layer, "window"):
             if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
                 raise ConfigError(f"model.window: {shown(w)} is not a number of keys >= 1")
             if w is not None and w > self.context_length:
@@ -171,38 +175,19 @@ class ModelChecks:
             choice("model", "position", self.position, POSITIONS)
             return
         text = value_text(self.position)
-        names = list(self.position)
-        repeat = names[-1:] == ["..."]
-        names = names[:-1] if repeat else names
-        if len(set(names)) == 1 and (repeat or len(names) == self.n_layer):
+        names = layer_items("position", self.position, self.n_layer, "scheme")
+        if len(set(names)) == 1:
             # One scheme in every layer ([rope, ...]) is that scheme, exported and resumed as it.
             object.__setattr__(self, "position", names[0])
             choice("model", "position", self.position, POSITIONS)
             return
-        if not names:
-            raise ConfigError(
-                f"model.position: {text} names no scheme; give one per layer, for example "
-                "[rope, rope, rope, none]"
-            )
         for name in names:
-            if name == "...":
-                raise ConfigError(f"model.position: {text}: ... may only end the list")
             choice("model", "position", name, POSITIONS)
             if SCHEMES[name].place is Place.EMBEDDINGS:
                 raise ConfigError(
                     f"model.position: {text}: {name} adds to the embeddings, below every layer "
                     f"at once, and cannot be chosen per layer (write position: {name})"
                 )
-        if repeat and self.n_layer % len(names):
-            raise ConfigError(
-                f"model.position: {text} repeats {len(names)} schemes, which does not fill "
-                f"n_layer={self.n_layer} layers"
-            )
-        if not repeat and len(names) != self.n_layer:
-            raise ConfigError(
-                f"model.position: {text} names {len(names)} schemes for n_layer={self.n_layer} "
-                "layers; give one per layer, or end the list with ... to repeat it"
-            )
 
     def _check_scheme_keys(self) -> None:
         """Each scheme's keys within its range; read only by a model that uses their scheme (as

@@ -90,7 +90,6 @@ docstring to it)."""
 
 POSITIONS = tuple(SCHEMES)
 SCORE_BIASES = tuple(n for n, row in SCHEMES.items() if row.place is Place.SCORES)
-LEARNED_BIASES = tuple(n for n, row in SCHEMES.items() if row.learned_bias)
 FORMULA_ON_CPU = tuple(n for n, row in SCHEMES.items() if row.learned_bias or row.wide_keys)
 """The schemes that train through the notes' formula on CPU (``lm.model.kernels``)."""
 NO_FLEX = tuple(n for n, row in SCHEMES.items() if not row.flex)

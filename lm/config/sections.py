@@ -10,12 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from lm.config.checks import (
-    ModelChecks,
-    choice,
-    per_layer,
-    positive,
-)
+from lm.config.checks import ModelChecks, choice, per_layer, positive
 from lm.config.errors import ConfigError
 from lm.config.names import (
     BUILTIN_TOKENIZERS,

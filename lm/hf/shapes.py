@@ -156,12 +156,8 @@ def export_target(cfg: ModelConfig) -> str:
 # transformers -> lm
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    return getattr(config, name, default)
-
-
 def _expect(where: str, config: Any, key: str, wanted: Any, why: str) -> None:
-    value = _get(config, key)
+    value = getattr(config, key, None)
     if value != wanted:
         raise refuse(where, key, value, why)
 
@@ -172,7 +168,7 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
     Checks go in the order a reader meets the architecture: type, norm, activation, residual,
     heads, positions; the first mismatch is the one reported.
     """
-    model_type = _get(config, "model_type")
+    model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
         raise CannotExpress(f"{where}: model_type {model_type!r}{_why_not(config)}")
     if model_type == "gpt2":
@@ -241,17 +237,17 @@ def _llama_style_shape(where: str, config: Any) -> dict[str, Any]:
         _expect(where, config, "pretraining_tp", 1, "lm computes each projection in one matmul")
     else:
         _expect(where, config, "use_sliding_window", False, "lm's Qwen3 block reads every key")
-        types = set(_get(config, "layer_types") or ["full_attention"])
+        types = set(getattr(config, "layer_types", None) or ["full_attention"])
         if types != {"full_attention"}:
             raise refuse(where, "layer_types", sorted(types), "lm's Qwen3 block reads every key")
     heads, d = config.num_attention_heads, config.hidden_size
-    head_dim = _get(config, "head_dim") or d // heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
     if head_dim * heads != d:
         why = f"lm's heads are d_model / n_head = {d // heads} wide"
         raise refuse(where, "head_dim", head_dim, why)
     if head_dim % 2:
         raise refuse(where, "head_dim", head_dim, "RoPE needs an even head width")
-    kv = _get(config, "num_key_value_heads") or heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
     return {
         "n_layer": config.num_hidden_layers,
         "n_head": heads,

@@ -9,7 +9,7 @@ Which kernel runs. ``model.kernel: math`` runs the notes' formula; ``model.norma
 stick_breaking`` runs its own formula, written out, whatever the kernel. FlexAttention needs no KV
 cache, no attention dropout, a scheme it can compute (its row's ``flex``), and a backward pass where
 gradients are on (none on CPU); ``sdpa`` picks it only for a mask or a score bias in a model
-compiled for a GPU (on CPU it measured no faster: docs/performance.md, "Masked attention"). On CPU,
+compiled for a GPU (on CPU it measured slower: docs/performance.md, "Masked attention"). On CPU,
 the gradient of a learned bias (its row's ``learned_bias``), and of queries and keys wider than the
 values (``wide_keys``), goes through the notes' formula: SDPA then runs PyTorch's own math path,
 whose softmax backward sums in parts that depend on the thread count, so a run's numbers would too
