@@ -119,6 +119,8 @@ def _repeated_heads(gqa: TransformerLM) -> TransformerLM:
         q, k, v = state[name].split([H * dk, kv * dk, kv * dk])
         group = lambda t: t.unflatten(0, (kv, dk)).repeat_interleave(H // kv, 0).flatten(0, 1)  # noqa: E731
         state[name] = torch.cat([q, group(k), group(v)])
+    for name in [n for n in state if n.endswith("position.coefficients")]:  # FoPE's, per kv head
+        state[name] = state[name].repeat_interleave(H // kv, 0)
     mha.load_state_dict(state)
     return mha
 
@@ -133,6 +135,10 @@ def _repeated_heads(gqa: TransformerLM) -> TransformerLM:
         ({"position": ["fox", "xpos"]}, "math"),
         ({"position": "t5", "normalize": "ssmax"}, "sdpa"),
         ({"position": "none", "normalize": "stick_breaking"}, "sdpa"),
+        ({"position": "pope"}, "sdpa"),  # its offsets per query head, the keys shared
+        ({"position": "fope"}, "sdpa"),  # a series per key head, shared by its group
+        ({"position": ["hope", "dape"]}, "math"),  # DAPE's MLP reads each query head's scores
+        ({"position": "path"}, "sdpa"),  # a query head's own transforms of its group's keys
     ],
     ids=str,
 )

@@ -29,6 +29,7 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
+from lm.model.kernels import per_query_head
 from lm.model.plan import AdditiveMask, Plan
 from lm.model.position.base import Scheme
 from lm.model.position.biases import alibi_slopes, kerple_log, positive
@@ -73,6 +74,7 @@ class DAPE(Scheme):
         k: torch.Tensor,
         cache: KVCache | None = None,
     ) -> AdditiveMask | None:
+        k = per_query_head(k, q.shape[1])  # a query head's group's keys
         scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # S
         static = self.static_bias(plan).expand_as(scores)  # B: (B, H, Lq, Lk)
         pairs = torch.cat([scores, static], dim=1).permute(0, 2, 3, 1)  # (B, Lq, Lk, 2H)

@@ -15,9 +15,11 @@ never trained whole. FoPE answers both:
 
 In ``lm``: the coefficients are drawn once at initialisation (from the run's seed) and fixed, kept
 in the checkpoint; the paper's code can also learn them, and can give the sines and cosines
-separate coefficients, which ``lm`` does not. The series' cos and sin take the place of RoPE's
-(``rotate_pairs``), so a pair is scaled as well as turned, and a score is no longer a function of
-the offset alone: that is the paper's choice. Pairs are RoPE's interleaved ones; the paper's code
+separate coefficients, which ``lm`` does not. With grouped-query attention
+(``model.n_kv_head``) a series belongs to a key/value head, and the query heads of its group
+share it. The series' cos and sin take the place of RoPE's (``rotate_pairs``), so a pair is
+scaled as well as turned, and a score is no longer a function of the offset alone: that is the
+paper's choice. Pairs are RoPE's interleaved ones; the paper's code
 uses halves, the same computation up to the order of the features.
 """
 
@@ -28,6 +30,7 @@ import math
 import torch
 
 from lm.config.sections import ModelConfig
+from lm.model.kernels import per_query_head
 from lm.model.plan import Plan
 from lm.model.position.base import Scheme
 from lm.model.position.rope import rope_frequencies, rotate_pairs
@@ -64,7 +67,9 @@ class FoPE(Scheme):
         super().__init__(config)
         omega = fope_frequencies(config.head_dim, config.rope_base, config.position_range)
         self.register_buffer("omega", omega, persistent=False)
-        coefficients = fourier_coefficients(config.n_head, config.head_dim // 2, SIGMA)
+        # A series per key/value head (model.n_kv_head), which the query heads of its group
+        # share: the paper's one per head where each query head has its own keys.
+        coefficients = fourier_coefficients(config.kv_heads, config.head_dim // 2, SIGMA)
         self.register_buffer("coefficients", coefficients.float())  # saved: drawn, not derived
 
     def prepare(self, plan: Plan) -> Plan:
@@ -78,8 +83,9 @@ class FoPE(Scheme):
         cos, sin = plan.shared_by(FoPE)  # (B|1, L, d/2) or (L, d/2)
         if cos.dim() == 2:
             cos, sin = cos[None], sin[None]
-        a = self.coefficients.double()  # (H, d/2 pairs m, d/2 frequencies w)
-        # Re and Im of sum_w a_mw e^(i omega_w n): (B|1, H, L, d/2)
+        a = self.coefficients.double()  # (H_kv, d/2 pairs m, d/2 frequencies w)
+        # Re and Im of sum_w a_mw e^(i omega_w n): (B|1, H_kv, L, d/2)
         series_cos = torch.einsum("bnw,hmw->bhnm", cos, a).float()
         series_sin = torch.einsum("bnw,hmw->bhnm", sin, a).float()
-        return rotate_pairs(q, series_cos, series_sin), rotate_pairs(k, series_cos, series_sin)
+        q_cos, q_sin = (per_query_head(t, q.shape[1]) for t in (series_cos, series_sin))
+        return rotate_pairs(q, q_cos, q_sin), rotate_pairs(k, series_cos, series_sin)

@@ -17,8 +17,10 @@ head's queries and keys are ``2 d`` wide and every kernel (and the KV cache, whi
 that width) computes the score as a dot product; the queries carry a factor ``sqrt 2`` so that the
 kernels' ``1/sqrt(2 d)`` is the paper's ``1/sqrt(d)``. Queries and keys wider than the values send
 PyTorch's SDPA down its math path, so on CPU training takes the notes' formula (its row's
-``wide_keys``: ``lm.model.kernels``). The offset is unclamped (a phase is periodic). ``theta`` uses
-``model.rope_base`` (10000, the paper's).
+``wide_keys``: ``lm.model.kernels``). The offset is unclamped (a phase is periodic). The paper
+adds it to the key's phase; ``lm`` subtracts it from the query's, the same score, so that with
+grouped-query attention each query head keeps its own offsets while the key heads it shares
+stay free of them. ``theta`` uses ``model.rope_base`` (10000, the paper's).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def polar(magnitude: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 
 class PoPE(Scheme):
     """PoPE: each query and key feature becomes ``softplus(x) e^(i phase)``, the phase
-    ``position * theta_c`` (plus the key's learned offset ``delta_c``), the score the real part
-    of their Hermitian product (module docstring). Queries and keys leave ``2 d_k`` wide."""
+    ``position * theta_c`` (less the query head's learned offset ``delta_c``), the score the
+    real part of their Hermitian product (module docstring). Queries and keys leave ``2 d_k``
+    wide."""
 
     name = "pope"
     shared = True
@@ -73,11 +76,13 @@ class PoPE(Scheme):
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d): across the heads
         delta = self.offset.double()[:, None, :]  # (H, 1, d)
-        # The key's phase s theta + delta: cos and sin of the sum, in float64.
-        cos_k = cos * torch.cos(delta) - sin * torch.sin(delta)
-        sin_k = sin * torch.cos(delta) + cos * torch.sin(delta)
+        # The score reads the phase difference (s - t) theta + delta, so the offset may sit on
+        # either side: on the query's, t theta - delta, a key head shared by a group of query
+        # heads (model.n_kv_head) is one position's alone. cos and sin of the difference, float64.
+        cos_q = cos * torch.cos(delta) + sin * torch.sin(delta)
+        sin_q = sin * torch.cos(delta) - cos * torch.sin(delta)
         work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
         mu_q, mu_k = F.softplus(q.to(work)), F.softplus(k.to(work))
-        q_out = polar(mu_q * math.sqrt(2.0), cos.to(work), sin.to(work))
-        k_out = polar(mu_k, cos_k.to(work), sin_k.to(work))
+        q_out = polar(mu_q * math.sqrt(2.0), cos_q.to(work), sin_q.to(work))
+        k_out = polar(mu_k, cos.to(work), sin.to(work))
         return q_out.to(q.dtype), k_out.to(k.dtype)
