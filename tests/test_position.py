@@ -687,6 +687,32 @@ def test_path_scores_each_key_through_the_householder_products_of_the_tokens_bet
     assert (beta > 0).all() and (beta < 2).all()
 
 
+@pytest.mark.parametrize(
+    ("Lq", "Lk", "start"),
+    [(64, 64, 0), (512, 512, 0), (5, 12, 3), (7, 7, 0), (3, 20, 17)],
+    ids=["training", "8x-trained", "a-prompt-after-cached-tokens", "short", "last-slots"],
+)
+def test_path_ut_form_equals_the_direct_form_values_and_gradients(Lq, Lk, start):
+    from lm.model.position.path import path_scores, path_scores_ut
+
+    torch.manual_seed(Lq + Lk)
+    q, k = torch.randn(2, 3, Lq, 8), torch.randn(2, 3, Lk, 8)
+    w = torch.nn.functional.normalize(torch.randn(2, 3, Lk, 8), dim=-1)
+    beta = 2 * torch.rand(2, 3, Lk)  # across (0, 2): reflections and near-identities
+    beta[0, 0, ::3] = 0.0  # padding slots: the identity
+    inputs = [t.double().requires_grad_() for t in (q, k, w, beta)]
+    direct, ut = path_scores(*inputs, start), path_scores_ut(*inputs, start)
+    torch.testing.assert_close(ut, direct, rtol=1e-9, atol=1e-9)
+    weights = torch.randn_like(direct)  # a loss that reads every score
+    want = torch.autograd.grad((direct * weights).sum(), inputs)
+    got = torch.autograd.grad((ut * weights).sum(), inputs)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+    # in float32, as training computes it, to float32 rounding at every length
+    ut32 = path_scores_ut(q, k, w, beta, start)
+    torch.testing.assert_close(ut32.double(), direct.detach(), rtol=1e-4, atol=2e-4)
+
+
 def test_path_is_refused_where_it_cannot_run():
     from lm.config.errors import ConfigError
     from lm.model.transformer import TransformerLM

@@ -20,8 +20,21 @@ to the first, the vectors ``u_i = H_{j+1} ... H_i q_i`` of the queries after j t
 transform, ``u <- u - beta_{j+1} w_{j+1} (w_{j+1} . u)``, and ``S_ij = k_j . u_i``. That is
 ``O(L_k L_q d_k)`` time per head per layer, the order of attention itself, in ``L_k`` steps; with
 gradients on, each step's ``u`` is kept, ``O(L_k L_q d_k)`` memory per head (attention's own
-scores are ``O(L_k L_q)``). The paper's fast form (UT transform and WY chunks, in Triton) is
-not here.
+scores are ``O(L_k L_q)``).
+
+The UT form (:func:`path_scores_ut`; the paper uses it within each chunk) computes the same
+scores without a step per key. For query i at slot p, write ``c_t = beta_t w_t . u_t`` for the
+transforms ``t <= p`` it takes; then ``u_j = q_i - sum_{t > j} c_t w_t`` and the ``c_t`` solve one
+unit upper-triangular system, the same matrix for every query:
+
+    c_t + beta_t sum_{s > t} (w_t . w_s) c_s = beta_t w_t . q_i   (t <= p; c_t = 0 past p),
+    S_ij = k_j . q_i - sum_{s > j} (k_j . w_s) c_s.
+
+That is a few batched products and one triangular solve per head, ``O(L^2 d_k + L^3)`` time and
+``O(L^2)`` memory, where the direct form takes ``L`` small steps: attention over a whole text
+(training, evaluation, a prompt) takes the UT form, and decoding one new query with the KV cache,
+``O(L d_k)`` direct, the direct form. A test holds the two equal. The paper's WY chunks, which
+bound the solve at long contexts, are not here.
 
 In ``lm``: the scores enter as the score bias ``B = S - q.k / sqrt(d_k)``, so every kernel that
 takes a bias computes ``softmax(S + M)`` with the paper's ``S``; queries and keys are not
@@ -43,6 +56,7 @@ from torch import nn
 from lm.config.errors import ConfigError
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
+from lm.model.kernels import per_query_head
 from lm.model.plan import AdditiveMask, Plan
 from lm.model.position.base import Scheme
 
@@ -52,8 +66,9 @@ def path_scores(
 ) -> torch.Tensor:
     """``k_j^T (H_{j+1} ... H_i) q_i`` ``[B, H, Lq, Lk]`` for queries ``q [B, H, Lq, d]`` at
     slots ``start .. start + Lq - 1`` and keys ``k``, directions ``w`` (unit) and strengths
-    ``beta`` ``[B, H, Lk(, d)]`` at slots ``0 .. Lk - 1``; zero for a key after its query (which
-    the causal mask hides). The direct form, one key at a time (module docstring)."""
+    ``beta`` ``[B, H, Lk(, d)]`` at slots ``0 .. Lk - 1``. A key after its query, which the
+    causal mask hides, gets ``q . k`` up to the last query's slot and 0 past it. The direct
+    form, one key at a time (module docstring)."""
     Lq, Lk = q.shape[-2], k.shape[-2]
     last = min(start + Lq - 1, Lk - 1)  # no query reads a later slot
     u = q
@@ -68,6 +83,25 @@ def path_scores(
             u = torch.cat([u[..., :first, :], tail], dim=-2)
         columns[j] = (u * k[..., j, None, :]).sum(-1)  # (B, H, Lq)
     return torch.stack(columns, dim=-1)
+
+
+def path_scores_ut(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, start: int = 0
+) -> torch.Tensor:
+    """:func:`path_scores` (the same arguments and result) through the UT form's one triangular
+    system per head (module docstring); the keys after the last query are left out of it."""
+    Lq, Lk = q.shape[-2], k.shape[-2]
+    n = min(start + Lq, Lk)  # the slots some query reads
+    k, w, beta = k[..., :n, :], w[..., :n, :], beta[..., :n]
+    slots = torch.arange(n, device=q.device)
+    later = slots[None, :] > slots[:, None]  # (t, s): s > t
+    reads = slots[:, None] <= start + torch.arange(Lq, device=q.device)  # (t, i): t <= p_i
+    A = (beta[..., None] * (w @ w.transpose(-2, -1))) * later  # beta_t w_t . w_s, s > t
+    b = (beta[..., None] * (w @ q.transpose(-2, -1))) * reads  # beta_t w_t . q_i, t <= p_i
+    c = torch.linalg.solve_triangular(A, b, upper=True, unitriangular=True)  # (B, H, n t, Lq)
+    along = (k @ w.transpose(-2, -1)) * later  # k_j . w_s, s > j: (B, H, n j, n s)
+    scores = q @ k.transpose(-2, -1) - (along @ c).transpose(-2, -1)  # (B, H, Lq, n)
+    return F.pad(scores, (0, Lk - n))  # zero for the slots after every query, as the direct form
 
 
 class PaTH(Scheme):
@@ -106,8 +140,9 @@ class PaTH(Scheme):
             start = cache.start
             w = cache.keep(self.layer or 0, "path_w", w)
             beta = cache.keep(self.layer or 0, "path_beta", beta) * cache.key_mask[:, None]
-        q32, k32 = q.float(), k.float()
+        q32, k32 = q.float(), per_query_head(k, q.shape[1]).float()  # the group's keys
         root = math.sqrt(q.shape[-1])
-        scores = path_scores(q32, k32, w, beta, start) / root
+        form = path_scores if q.shape[-2] == 1 else path_scores_ut  # decoding: the direct one
+        scores = form(q32, k32, w, beta, start) / root
         bias = (scores - q32 @ k32.transpose(-2, -1) / root).to(plan.dtype)  # the kernel adds q.k
         return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
