@@ -59,7 +59,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("view")
     made = {
         position: _train(root, position, model={"position": position})
-        for position in ("rope", "alibi", "fox", "learned")
+        for position in ("rope", "alibi", "fox", "learned", "pope")
     }
     made["flipflop"] = _train(
         root,
@@ -241,6 +241,54 @@ def test_the_fox_distance_plot_sums_the_log_forget_gates_between_key_and_query(r
         n = np.array([0, 3, T - 1])
         want = c[T - 1, head] - c[T - 1 - n, head]  # D = sum_{t = j+1 .. l} log f_t, l = T - 1
         np.testing.assert_allclose(_at(line, n), want, atol=line[2]["tolerance"])
+
+
+def test_the_pope_distance_plot_turns_each_heads_learned_offsets(runs, browser):
+    opened = _open(browser, _page(runs, "pope").as_uri())
+    run = load_run(runs.pope)
+    d_k = SHAPE["d_model"] // SHAPE["n_head"]
+    theta = 10000.0 ** (-np.arange(d_k) / d_k)
+    offsets = run.model.blocks[0].attn.position.offset.detach().double().numpy()  # (H, d_k)
+    assert np.abs(offsets).max() > 1e-4  # trained away from 0, so each head's line differs
+    mu = math.log1p(math.e)  # softplus(1): the content's magnitude of q = k = 1
+    n = np.array([1, 9, 50])
+    for head in range(SHAPE["n_head"]):
+        opened.page.select_option("#head", str(head))
+        lines = _plotted(opened.page, ".signal svg")
+        line = next(x for x in lines if x[2]["layer"] == "0" and x[2]["head"] == str(head))
+        # sum_c softplus(1)^2 cos((s - t) theta_c + delta_c) / sqrt(d_k), the key at s = 0
+        want = mu**2 * np.cos(offsets[head] - n[:, None] * theta).sum(-1) / math.sqrt(d_k)
+        np.testing.assert_allclose(_at(line, n), want, atol=line[2]["tolerance"])
+    assert opened.errors == []
+
+
+def _untrained(**model):
+    from lm.model.transformer import TransformerLM
+
+    torch.manual_seed(3)
+    config = tiny_config(model={**SHAPE, "vocab_size": 11, **model}).model
+    return TransformerLM(config).eval()
+
+
+def test_the_fope_and_hope_distance_charts_follow_their_formulas():
+    from lm.explorer.signal import rotary_score, signal_charts, turned_scores
+
+    fope = _untrained(position="fope", n_kv_head=1)  # a series per key head, shared
+    d_k, n = SHAPE["d_model"] // SHAPE["n_head"], np.array([0, 5, 40])
+    omega = fope.blocks[1].attn.position.omega.numpy()
+    a = fope.blocks[1].attn.position.coefficients[0].double().numpy()  # (pairs m, freqs w)
+    f = (a[None] * np.exp(1j * n[:, None, None] * omega[None, None])).sum(-1)  # f_m(n)
+    # q = k = 1: each pair (1 + i) f_m(n) against (1 + i) f_m(0); a pair's dot is Re(z conj w)
+    want = (2 * (f * np.conj(f[:1])).real).sum(-1) / math.sqrt(d_k)
+    got = turned_scores(fope, 1, 64)
+    np.testing.assert_allclose(got[:, n], np.stack([want, want]), rtol=1e-5, atol=1e-6)
+    # HoPE is p-RoPE cut where a pair turns less than once over the trained context
+    hope = _untrained(position="hope")
+    kept = int(hope.blocks[0].attn.position.rope.kept)
+    prope = _untrained(position="rope", rope_p=kept / (d_k // 2))
+    np.testing.assert_allclose(turned_scores(hope, 0, 64)[0], rotary_score(prope, 64), atol=1e-6)
+    (chart,) = signal_charts(hope, [1, 2, 3], list(range(64)), np.zeros((2, 2, 3, 3)))
+    assert [s["label"] for s in chart["series"]] == ["hope, layer 0", "hope, layer 1"]
 
 
 def test_a_task_page_lists_each_example_its_answer_and_the_distance_since_the_write(runs, browser):

@@ -8,6 +8,9 @@
   score ``q . R(n theta) k / sqrt(d_k)`` of the fixed pair ``q = k = (1, ..., 1)`` as the offset
   grows, ``sum_i 2 cos(n theta_i) / sqrt(d_k)`` for RoPE (xPos: each term times
   ``zeta_i^(n/B)``), rotated by the model's own angles;
+- the other schemes that turn queries and keys (PoPE, FoPE, HoPE): the same pair's score, the
+  query ``n`` positions after the key at 0, through the layer's own scheme (PoPE's learned
+  offsets and FoPE's drawn series differ by head, so each head has its line);
 - sinusoids added to the embeddings: ``p_l . p_(l-n) = sum_i cos(n w_i)``;
 - stick-breaking in place of the softmax: the last query's weight of the key ``n`` back, the
   decay it learned, on the text.
@@ -23,7 +26,8 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import ROTARY, SCHEMES, SCORE_BIASES
+from lm.config.names import ROTARY, SCHEMES, Place
+from lm.model.kernels import per_query_head
 from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
@@ -71,6 +75,48 @@ def _rotary_chart(model: TransformerLM, distances: int) -> dict | None:
         "ylabel": "q·R(nθ)k / √d_k",
         "x": list(range(distances)),
         "series": [{"label": names, "layer": None, "head": None, "y": _list(y)}],
+    }
+
+
+def turned_scores(model: TransformerLM, layer: int, distances: int) -> np.ndarray:
+    """``q_n . k_0 / sqrt(width)`` ``[H, distances]`` for ``q = k = (1, ..., 1)``: each query
+    head's score of the key at position 0 from a query at ``n``, both turned by ``layer``'s own
+    scheme (its ``rotate``), scaled as the kernels scale what it returns."""
+    c, attn = model.config, model.blocks[layer].attn
+    device = next(model.parameters()).device
+    plan = model.plan(torch.zeros(1, distances, dtype=torch.long, device=device), kernel="math")
+    ones = torch.ones(1, c.n_head, distances, c.head_dim, device=device)
+    with torch.no_grad():
+        q, k = attn.position.rotate(ones, ones[:, : c.kv_heads], plan.at_window(attn.window))
+    keys = per_query_head(k, c.n_head)[0, :, 0]  # (H, width): each head's key at position 0
+    score = torch.einsum("hnc,hc->hn", q[0].double(), keys.double()) / math.sqrt(q.shape[-1])
+    return score.cpu().numpy()
+
+
+def _turned_chart(model: TransformerLM, distances: int) -> dict | None:
+    turning = tuple(
+        n for n, row in SCHEMES.items() if row.place is Place.QUERIES_AND_KEYS and n not in ROTARY
+    )
+    layers = _layers(model, turning, "")
+    if not layers:
+        return None
+    series = []
+    for i in layers:
+        y = turned_scores(model, i, distances)
+        same = bool(np.allclose(y, y[:1]))  # HoPE's: one line for every head
+        name = model.config.layer_positions[i]
+        series += [
+            {"label": f"{name}, layer {i}" + ("" if same else f" head {h}"), "layer": i,
+             "head": None if same else h, "y": _list(row)}
+            for h, row in enumerate(y[:1] if same else y)
+        ]  # fmt: skip
+    names = "/".join(dict.fromkeys(model.config.layer_positions[i] for i in layers))
+    return {
+        "title": f"{names}: the score of a fixed query-key pair (q = k = 1), the query n after "
+        f"the key at 0, through each layer's scheme, {_which(layers, model.config.n_layer)}",
+        "ylabel": "q_n·k_0 / √width",
+        "x": list(range(distances)),
+        "series": series,
     }
 
 
@@ -134,6 +180,7 @@ def signal_charts(
     and a learned table: they have no function of distance to draw)."""
     charts = [
         _rotary_chart(model, len(long)),
+        _turned_chart(model, len(long)),
         _bias_chart(model, prompt, long),
         _sinusoid_chart(model, len(long)),
         _decay_chart(model, maps),
@@ -145,8 +192,9 @@ def undrawn(model: TransformerLM) -> str:
     """Why a run's schemes draw no chart, or say nothing: ``none`` and a learned table have no
     function of distance; a scheme this page does not know yet is named."""
     names = dict.fromkeys(model.config.layer_positions)
-    known = {*ROTARY, "sinusoidal", "none", "learned"}
-    new = [n for n in names if n not in known and n not in SCORE_BIASES]
+    drawn = (Place.QUERIES_AND_KEYS, Place.SCORES)  # and of the embeddings, sinusoids
+    known = {"sinusoidal", "none", "learned"}
+    new = [n for n in names if SCHEMES[n].place not in drawn and n not in known]
     if new:
         return f"{', '.join(new)}: its signal against distance is not drawn on this page yet"
     if names.keys() & {"none", "learned"}:
