@@ -362,6 +362,15 @@ def test_sweep_values_are_compared_as_settings_before_any_training(
     assert not out.exists()  # nothing trained, nothing recorded
 
 
+def test_sweep_values_whose_extra_settings_differ_only_by_key_are_two_settings():
+    from lm.compare.sweep import parse_vary
+
+    vary = "model.position=none+model.bias=true,none+model.qk_norm=true"  # values none, true
+    assert parse_vary(vary)[0] == "model.position"
+    values = parse_vary(vary)[1]
+    assert values == ["none+model.bias=true", "none+model.qk_norm=true"]
+
+
 def test_a_joint_report_is_rebuilt_from_its_record(run, tmp_path, capsys):
     other = tmp_path / "other"
     shutil.copytree(run, other)

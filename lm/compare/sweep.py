@@ -117,7 +117,10 @@ def parse_vary(text: str) -> tuple[str, list[str]]:
         return key, texts
     settings = [value_settings(key, v) for v in texts]
     parse_overrides([s for each in settings for s in each], flag="--vary")  # keys and values
-    parsed = [[parse_value(s.split("=", 1)[1], f"--vary {key}") for s in each] for each in settings]
+    pairs = [[s.split("=", 1) for s in each] for each in settings]
+    parsed = [  # (key, value) pairs: extra settings of one value may differ by key alone
+        [(k.strip(), parse_value(v, f"--vary {key}")) for k, v in each] for each in pairs
+    ]
     _refuse_repeats(key, texts, parsed)
     return key, texts
 
