@@ -327,6 +327,22 @@ def test_a_comparison_page_draws_the_reports_curves_with_values_on_hover(runs, b
     assert f"{last:.4f}" in tip
 
 
+def test_a_comparisons_curve_of_one_point_per_run_is_left_to_the_reports_table(tmp_path):
+    from lm.explorer.gather import _curves
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1500, "val_loss": 0.3}) + "\n")
+    row = {"extrapolation": [{"context_length": 64, "loss": 0.3}],
+           "accuracy": [{"split": "sparse", "length": 32, "accuracy": 0.5}]}  # fmt: skip
+    assert _curves([("a", run, row), ("b", run, row)]) == []  # evaluated once, at one length
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 3000, "val_loss": 0.2}) + "\n")
+    (chart,) = _curves([("a", run, row)])
+    assert chart["title"] == "validation loss against step"
+    assert chart["series"][0]["x"] == [1500, 3000]
+
+
 def test_the_python_api_gives_the_same_page_inline(runs):
     page = lm.view(lm.load(runs.rope, device="cpu"), PROMPT)
     data = json.loads(

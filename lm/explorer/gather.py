@@ -223,7 +223,9 @@ def _curves(runs: list[tuple[str, Path, dict[str, Any]]]) -> list[dict[str, Any]
     if accuracy:
         charts.append({"title": "exact-match accuracy against length", "xlabel": "length",
                        "ylabel": "accuracy", "series": accuracy})  # fmt: skip
-    return [c for c in charts if any(s["x"] for s in c["series"])]
+    # A chart needs two x values: one point per run (evaluated once, at one length) is a table's
+    # row, which the report has, not a curve.
+    return [c for c in charts if len({x for s in c["series"] for x in s["x"]}) > 1]
 
 
 def compared_runs(compare_dir: Path) -> tuple[dict[str, Any], list[tuple[str, Path, dict]]]:
