@@ -68,6 +68,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         ("adamw", {"n_layer": 5, "position": RETHOUGHT}),
         ("adamw", BLOCKS["llama"]),
         ("muon", {**BLOCKS["llama"], "position": ["fox", "cope"], "window": [8, None]}),
+        ("adamw", {**BLOCKS["llama"], "n_layer": 5, "position": RETHOUGHT}),
     ],
     ids=[
         "adamw",
@@ -79,6 +80,7 @@ def test_training_writes_metrics_checkpoints_and_loss_falls(tmp_path):
         "pope-fope-hope-dape-path",
         "llama-block",
         "llama-block-fox-cope-muon",
+        "llama-block-pope-fope-hope-dape-path",
     ],
 )
 def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, model):
