@@ -271,7 +271,7 @@ def _untrained(**model):
 
 
 def test_the_fope_and_hope_distance_charts_follow_their_formulas():
-    from lm.explorer.signal import rotary_score, signal_charts, turned_scores
+    from lm.explorer.signal import signal_charts, turned_scores
 
     fope = _untrained(position="fope", n_kv_head=1)  # a series per key head, shared
     d_k, n = SHAPE["d_model"] // SHAPE["n_head"], np.array([0, 5, 40])
@@ -282,13 +282,18 @@ def test_the_fope_and_hope_distance_charts_follow_their_formulas():
     want = (2 * (f * np.conj(f[:1])).real).sum(-1) / math.sqrt(d_k)
     got = turned_scores(fope, 1, 64)
     np.testing.assert_allclose(got[:, n], np.stack([want, want]), rtol=1e-5, atol=1e-6)
-    # HoPE is p-RoPE cut where a pair turns less than once over the trained context
+    # HoPE: RoPE's score with the pairs that turn less than once over the context left unturned
     hope = _untrained(position="hope")
     kept = int(hope.blocks[0].attn.position.rope.kept)
-    prope = _untrained(position="rope", rope_p=kept / (d_k // 2))
-    np.testing.assert_allclose(turned_scores(hope, 0, 64)[0], rotary_score(prope, 64), atol=1e-6)
+    theta = 10000.0 ** (-np.arange(0, d_k, 2) / d_k)
+    theta[kept:] = 0.0
+    want = (2 * np.cos(n[:, None] * theta)).sum(-1) / math.sqrt(d_k)
+    np.testing.assert_allclose(turned_scores(hope, 0, 64)[:, n], np.stack([want, want]), atol=1e-5)
     (chart,) = signal_charts(hope, [1, 2, 3], list(range(64)), np.zeros((2, 2, 3, 3)))
-    assert [s["label"] for s in chart["series"]] == ["hope, layer 0", "hope, layer 1"]
+    assert [s["label"] for s in chart["series"]] == ["hope"]  # one line: every layer and head
+    (chart,) = signal_charts(fope, [1, 2, 3], list(range(64)), np.zeros((2, 2, 3, 3)))
+    # one key head: its series is shared by both query heads, drawn once for each layer
+    assert [(s["layer"], s["head"]) for s in chart["series"]] == [(0, None), (1, None)]
 
 
 def test_a_task_page_lists_each_example_its_answer_and_the_distance_since_the_write(runs, browser):

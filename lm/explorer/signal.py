@@ -4,13 +4,11 @@
 - a bias on the scores (ALiBi, Sandwich, T5, KERPLE, FIRE; FoX's gates and CoPE's counts, which
   read the text): what each layer adds to the last query's score of each key, read from the
   model through ``lm.compare.diagnostics.bias_by_distance``;
-- a rotation of queries and keys (RoPE and its partial, p-RoPE and extended forms; xPos): the
-  score ``q . R(n theta) k / sqrt(d_k)`` of the fixed pair ``q = k = (1, ..., 1)`` as the offset
-  grows, ``sum_i 2 cos(n theta_i) / sqrt(d_k)`` for RoPE (xPos: each term times
-  ``zeta_i^(n/B)``), rotated by the model's own angles;
-- the other schemes that turn queries and keys (PoPE, FoPE, HoPE): the same pair's score, the
-  query ``n`` positions after the key at 0, through the layer's own scheme (PoPE's learned
-  offsets and FoPE's drawn series differ by head, so each head has its line);
+- a turn of queries and keys (RoPE and its partial, p-RoPE and extended forms; xPos, PoPE, FoPE,
+  HoPE): the score of the fixed pair ``q = k = (1, ..., 1)``, the query ``n`` positions after
+  the key at 0, through each layer's own scheme: ``sum_i 2 cos(n theta_i) / sqrt(d_k)`` for RoPE
+  (xPos: each term times ``zeta_i^(n/B)``); one line where every layer and head draws the same,
+  else one per layer or per head (PoPE's learned offsets and FoPE's drawn series differ by head);
 - sinusoids added to the embeddings: ``p_l . p_(l-n) = sum_i cos(n w_i)``;
 - stick-breaking in place of the softmax: the last query's weight of the key ``n`` back, the
   decay it learned, on the text.
@@ -26,56 +24,24 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import ROTARY, SCHEMES, Place
+from lm.config.names import SCHEMES, Place
 from lm.model.kernels import per_query_head
 from lm.model.position import CONTENT_BIASES
 from lm.model.position.embeddings import sinusoidal_table
-from lm.model.position.rope import RopeAngles, rotate_pairs, xpos_decay
 from lm.model.transformer import TransformerLM
 
 CONTENT = CONTENT_BIASES
 """Score biases that read the text: drawn on the prompt, not on the longer text."""
 
 
-def _layers(model: TransformerLM, names: tuple[str, ...] | None, place: str) -> list[int]:
-    return [
-        i
-        for i, name in enumerate(model.config.layer_positions)
-        if (name in names if names else SCHEMES[name].place.value == place)
-    ]
+def _layers(model: TransformerLM, place: Place) -> list[int]:
+    """The layers whose scheme acts at ``place``."""
+    names = model.config.layer_positions
+    return [i for i, name in enumerate(names) if SCHEMES[name].place is place]
 
 
 def _which(layers: list[int], count: int) -> str:
     return "every layer" if len(layers) == count else "layers " + ", ".join(map(str, layers))
-
-
-def rotary_score(model: TransformerLM, distances: int) -> np.ndarray:
-    """``q . R(n theta) k / sqrt(d_k)`` for ``q = k = 1`` at ``n = 0 .. distances - 1``: the
-    query rotated at position n, the key at 0, by the run's RoPE angles (xPos's scales too)."""
-    c = model.config
-    positions = torch.arange(distances)
-    cos, sin = RopeAngles.of(c).cos_sin(positions, torch.float64)  # (n, d_k/2)
-    if "xpos" in c.layer_positions:
-        scale = xpos_decay(c.head_dim) ** (positions.double()[:, None] / c.xpos_scale_base)
-        cos, sin = cos * scale, sin * scale  # the query's zeta^(n/B); the key's at 0 is 1
-    ones = torch.ones(distances, c.head_dim, dtype=torch.float64)
-    q = rotate_pairs(ones, cos, sin)
-    return (q @ ones[0] / math.sqrt(c.head_dim)).numpy()
-
-
-def _rotary_chart(model: TransformerLM, distances: int) -> dict | None:
-    layers = _layers(model, ROTARY, "")
-    if not layers:
-        return None
-    names = "/".join(dict.fromkeys(model.config.layer_positions[i] for i in layers))
-    y = rotary_score(model, distances)
-    return {
-        "title": f"{names}: the score of a fixed query-key pair (q = k = 1) as the offset grows, "
-        f"{_which(layers, model.config.n_layer)} and every head",
-        "ylabel": "q·R(nθ)k / √d_k",
-        "x": list(range(distances)),
-        "series": [{"label": names, "layer": None, "head": None, "y": _list(y)}],
-    }
 
 
 def turned_scores(model: TransformerLM, layer: int, distances: int) -> np.ndarray:
@@ -94,26 +60,29 @@ def turned_scores(model: TransformerLM, layer: int, distances: int) -> np.ndarra
 
 
 def _turned_chart(model: TransformerLM, distances: int) -> dict | None:
-    turning = tuple(
-        n for n, row in SCHEMES.items() if row.place is Place.QUERIES_AND_KEYS and n not in ROTARY
-    )
-    layers = _layers(model, turning, "")
+    layers = _layers(model, Place.QUERIES_AND_KEYS)
     if not layers:
         return None
-    series = []
-    for i in layers:
-        y = turned_scores(model, i, distances)
-        same = bool(np.allclose(y, y[:1]))  # HoPE's: one line for every head
-        name = model.config.layer_positions[i]
-        series += [
-            {"label": f"{name}, layer {i}" + ("" if same else f" head {h}"), "layer": i,
-             "head": None if same else h, "y": _list(row)}
-            for h, row in enumerate(y[:1] if same else y)
-        ]  # fmt: skip
-    names = "/".join(dict.fromkeys(model.config.layer_positions[i] for i in layers))
+    names = [model.config.layer_positions[i] for i in layers]
+    scores = {i: turned_scores(model, i, distances) for i in layers}  # (H, n) each
+    first = scores[layers[0]][0]
+    if all(np.allclose(y, first) for y in scores.values()):  # RoPE's: one line for all
+        series = [{"label": "/".join(dict.fromkeys(names)), "layer": None, "head": None,
+                   "y": _list(first)}]  # fmt: skip
+    else:  # a line per layer, or per head where a layer's heads differ (PoPE's offsets)
+        series = []
+        for i, name in zip(layers, names, strict=True):
+            y = scores[i]
+            same = bool(np.allclose(y, y[0]))
+            series += [
+                {"label": f"{name}, layer {i}" + ("" if same else f" head {h}"), "layer": i,
+                 "head": None if same else h, "y": _list(row)}
+                for h, row in enumerate(y[:1] if same else y)
+            ]  # fmt: skip
     return {
-        "title": f"{names}: the score of a fixed query-key pair (q = k = 1), the query n after "
-        f"the key at 0, through each layer's scheme, {_which(layers, model.config.n_layer)}",
+        "title": f"{'/'.join(dict.fromkeys(names))}: the score of a fixed query-key pair "
+        f"(q = k = 1), the query n after the key at 0, "
+        f"{_which(layers, model.config.n_layer)} and every head",
         "ylabel": "q_n·k_0 / √width",
         "x": list(range(distances)),
         "series": series,
@@ -121,7 +90,7 @@ def _turned_chart(model: TransformerLM, distances: int) -> dict | None:
 
 
 def _bias_chart(model: TransformerLM, prompt: list[int], long: list[int]) -> dict | None:
-    layers = _layers(model, None, "scores")
+    layers = _layers(model, Place.SCORES)
     if not layers:
         return None
     names = [model.config.layer_positions[i] for i in layers]
@@ -179,7 +148,6 @@ def signal_charts(
     """Every chart of the run's position signal against distance (none for ``none`` positions
     and a learned table: they have no function of distance to draw)."""
     charts = [
-        _rotary_chart(model, len(long)),
         _turned_chart(model, len(long)),
         _bias_chart(model, prompt, long),
         _sinusoid_chart(model, len(long)),
@@ -189,15 +157,10 @@ def signal_charts(
 
 
 def undrawn(model: TransformerLM) -> str:
-    """Why a run's schemes draw no chart, or say nothing: ``none`` and a learned table have no
-    function of distance; a scheme this page does not know yet is named."""
-    names = dict.fromkeys(model.config.layer_positions)
-    drawn = (Place.QUERIES_AND_KEYS, Place.SCORES)  # and of the embeddings, sinusoids
-    known = {"sinusoidal", "none", "learned"}
-    new = [n for n in names if SCHEMES[n].place not in drawn and n not in known]
-    if new:
-        return f"{', '.join(new)}: its signal against distance is not drawn on this page yet"
-    if names.keys() & {"none", "learned"}:
+    """Why a run's positions draw no chart, or nothing to say: every scheme on the queries and
+    keys or on the scores is drawn, and sinusoids; ``none`` and a learned table have no function
+    of distance."""
+    if {"none", "learned"} & set(model.config.layer_positions):
         return "only the causal mask orders the tokens, or a learned table: no function of distance"
     return ""
 
