@@ -1,0 +1,371 @@
+"""Rerun the experiments behind docs/claims.md, one after another, each as its page writes it,
+and put what they wrote into docs/: each experiment's report (``report.md``, ``report.json``,
+the pictures) into its folder, the tables its pages quote refreshed (scripts/docs_tables.py),
+and a row of docs/claims/RUN.md saying where, when, at which commit and in what wall time it
+ran.
+
+    python scripts/ledger.py --list              # the experiments, their rows and commands
+    python scripts/ledger.py                     # every experiment (about 3 hours on 2 cores)
+    python scripts/ledger.py counting mqar       # the named ones
+
+Run it from the repository root with ``lm`` installed, alone on the machine: the wall times go
+into docs/claims/RUN.md. An experiment writes its runs under ``runs/`` as its page says; one
+whose folder is already there is refused before anything runs (move it away to rerun it), so a
+rerun never mixes old runs into a new report. The verdicts in the pages are prose: read the new
+tables against them (``git diff docs/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+RECORD = DOCS / "claims" / "RUN.md"
+EXTRAPOLATION = (
+    "lm compare configs/extrapolation.yaml --seeds 1,2,3 --eval-lengths 1x,1.5x,2x,3x,4x,8x"
+)
+LLAMA = (
+    "model.norm=rmsnorm model.mlp=swiglu model.n_kv_head=2 model.bias=false "
+    "model.tie_embeddings=false"
+)
+EVERY_SCHEME = (
+    "rope,alibi,sinusoidal,learned,none,sandwich,xpos,fox,cope,rope+model.rope_p=0.25,"
+    "rope+model.normalize=ssmax,none+model.normalize=stick_breaking,rope+model.window=16"
+)
+FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs 2"
+FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    folder: str
+    """Where under docs/ its report goes."""
+    rows: str
+    """The rows of docs/claims.md it checks."""
+    commands: tuple[str, ...]
+    """Shell words, run in order from the repository root; ``lm`` is this interpreter's."""
+    report: str = ""
+    """The runs folder whose report is kept (default: the last command's ``--out``)."""
+    printed: str = ""
+    """A file under ``folder`` that keeps what the last command printed (a script's table)."""
+
+
+EXPERIMENTS = (
+    Experiment(
+        "schemes",
+        "extrapolation",
+        "1-7, 17",
+        (
+            f"{EXTRAPOLATION} --vary model.position={EVERY_SCHEME} --set train.batch_size=16 "
+            "--jobs 2 --out runs/schemes",
+        ),
+    ),
+    Experiment(
+        "extensions",
+        "extrapolation/extensions",
+        "12-14",
+        (
+            f"{EXTRAPOLATION} --vary model.position=rope,alibi,sinusoidal,learned,none "
+            "--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4 --out runs/extrapolation",
+        ),
+    ),
+    Experiment(
+        "fine-tuning",
+        "extrapolation/extensions",
+        "15-16",
+        ("python scripts/extend_context.py --runs runs/extrapolation --out runs/extend",),
+        report="-",
+        printed="fine-tuning.md",
+    ),
+    Experiment(
+        "llama",
+        "extrapolation/llama",
+        "6",
+        (
+            f"{EXTRAPOLATION} --vary model.position={EVERY_SCHEME} "
+            f"--set train.batch_size=16 {LLAMA} --jobs 2 --out runs/llama-schemes",
+        ),
+    ),
+    Experiment(
+        "rethought",
+        "extrapolation/rethought",
+        "8, 9, 11",
+        (
+            f"{EXTRAPOLATION} --vary model.position=pope,fope,hope,dape,path "
+            "--set train.batch_size=16 --jobs 2 --out runs/new-schemes",
+            f"{EXTRAPOLATION} --vary model.position=kerple,dape+model.dape_bias=alibi "
+            "--set train.batch_size=16 --jobs 2 --out runs/dape-controls",
+            "lm compare runs/new-schemes runs/dape-controls --eval-lengths 1x,1.5x,2x,3x,4x,8x "
+            "--out runs/rethought",
+        ),
+    ),
+    Experiment(
+        "base40",
+        "extrapolation/base40",
+        "9, 10",
+        (
+            f"{EXTRAPOLATION} --vary model.position=rope,fope,hope "
+            "--set train.batch_size=16 model.rope_base=40 --jobs 2 --out runs/base40",
+        ),
+    ),
+    Experiment(
+        "copy",
+        "lengthgen",
+        "22-24",
+        (
+            "lm compare configs/copy.yaml --vary model.position=rope,alibi,none,t5,kerple,fire "
+            "--seeds 1,2,3 --jobs 2 --out runs/copy",
+            "lm compare configs/copy.yaml --vary model.position=rope,alibi,t5,kerple,fire "
+            "--set model.random_positions=64 --seeds 1,2,3 --jobs 2 --out runs/copy-random",
+            "lm compare runs/copy runs/copy-random --out runs/lengthgen",
+        ),
+    ),
+    Experiment(
+        "flipflop",
+        "lengthgen/flipflop",
+        "18-20, 23",
+        (f"{FLIPFLOP} --vary model.position={FLIPFLOP_SCHEMES} --out runs/flipflop",),
+    ),
+    Experiment(
+        "flipflop-llama",
+        "lengthgen/flipflop-llama",
+        "18-20",
+        (
+            f"{FLIPFLOP} --vary model.position={FLIPFLOP_SCHEMES} --set {LLAMA} "
+            "--out runs/flipflop-llama",
+        ),
+    ),
+    Experiment(
+        "flipflop-nope-parts",
+        "lengthgen/flipflop-nope-parts",
+        "23",
+        (
+            f"{FLIPFLOP} --vary model.position=none+model.norm=rmsnorm,none+model.mlp=swiglu,"
+            "none+model.n_kv_head=2,none+model.tie_embeddings=false --out runs/flipflop-nope-parts",
+        ),
+    ),
+    Experiment(
+        "flipflop-rethought",
+        "lengthgen/flipflop-rethought",
+        "21",
+        (
+            f"{FLIPFLOP} --vary model.position=pope,fope,hope,dape,path --out runs/flipflop-new",
+            "lm compare configs/flipflop.yaml --vary model.position=path --seeds 4,5,6 --jobs 2 "
+            "--out runs/flipflop-path-more",
+        ),
+        report="runs/flipflop-new",
+    ),
+    Experiment(
+        "flipflop-cope-budget",
+        "lengthgen/flipflop-cope-budget",
+        "20",
+        (
+            f"{FLIPFLOP} --vary model.position=cope+model.tie_embeddings=false,"
+            "cope+train.max_steps=3000 --out runs/flipflop-cope-budget",
+        ),
+    ),
+    Experiment(
+        "indexing-pope",
+        "tasks/indexing-pope",
+        "25",
+        (
+            "lm compare configs/indexing.yaml --vary model.position=rope,pope --seeds 1,2,3 "
+            "--jobs 2 --out runs/indexing-pope",
+        ),
+    ),
+    Experiment(
+        "selective-copy",
+        "tasks/selective-copy",
+        "26, 27",
+        (
+            "lm compare configs/selective_copy.yaml --vary model.position=rope,learned,cope,none "
+            "--seeds 1,2,3 --jobs auto --out runs/selective-copy",
+        ),
+    ),
+    Experiment(
+        "counting",
+        "tasks/counting",
+        "28, 29",
+        (
+            "lm compare configs/counting.yaml --vary model.position=rope,learned,cope,none "
+            "--seeds 1,2,3 --jobs auto --out runs/counting",
+        ),
+    ),
+    Experiment(
+        "mqar",
+        "tasks/mqar",
+        "30, 31",
+        (
+            "lm compare configs/mqar.yaml --vary model.window=null,48,16 --seeds 1,2,3 "
+            "--jobs auto --out runs/mqar",
+        ),
+    ),
+    Experiment(
+        "addition",
+        "tasks/addition",
+        "32, 33",
+        (
+            "lm compare configs/addition_hints.yaml --vary data.addition_reversed=true,false,"
+            "true+data.addition_hints=true --set data.addition_hints=false data.task_lengths=1-5 "
+            "data.task_eval_lengths=1-12 model.n_layer=4 model.d_model=128 train.max_steps=6000 "
+            "train.lr=1e-3 --seeds 1,2,3 --jobs auto --out runs/addition",
+        ),
+    ),
+)
+BY_NAME = {e.name: e for e in EXPERIMENTS}
+
+
+def argv(command: str) -> list[str]:
+    """A command's words, with ``lm`` and ``python`` as this interpreter."""
+    words = shlex.split(command)
+    if words[0] == "lm":
+        return [sys.executable, "-m", "lm", *words[1:]]
+    if words[0] == "python":
+        return [sys.executable, *words[1:]]
+    return words
+
+
+def outs(experiment: Experiment) -> list[Path]:
+    """The folders its commands write (each ``--out``)."""
+    found = []
+    for command in experiment.commands:
+        words = shlex.split(command)
+        if "--out" in words:
+            found.append(ROOT / words[words.index("--out") + 1])
+    return found
+
+
+def machine() -> str:
+    """The CPU in a few words, as the pages name it: model, the vector units that rank dtypes and
+    kernels differently (AVX-512, AMX), and the cores this process may use."""
+    name, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                name = value.strip()
+            elif key.strip() == "flags":
+                flags = value
+    except OSError:
+        pass
+    units = [u for u, f in (("AVX-512", " avx512f"), ("AMX", " amx_tile")) if f in flags]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    shown = f"{name} ({', '.join(units)})" if units else name
+    return f"{shown}, {cores} cores"
+
+
+def commit() -> str:
+    """The commit it ran at, with ``+`` when the tree had changes."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "lm", "configs"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (head or "unknown") + ("+" if dirty else "")
+
+
+def run(experiment: Experiment) -> float:
+    """Runs its commands; returns the wall seconds. Stops the script if one fails."""
+    start = time.perf_counter()
+    for command in experiment.commands:
+        print(f"ledger: {experiment.name}: {command}", flush=True)
+        done = subprocess.run(
+            argv(command), cwd=ROOT, capture_output=bool(experiment.printed), text=True
+        )
+        if experiment.printed:
+            sys.stdout.write(done.stdout)
+            sys.stderr.write(done.stderr)
+        if done.returncode:
+            sys.exit(f"ledger: {experiment.name}: `{command}` failed (exit {done.returncode})")
+    seconds = time.perf_counter() - start
+    folder = DOCS / experiment.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    if experiment.printed:
+        (folder / experiment.printed).write_text(done.stdout, encoding="utf-8")
+    if experiment.report != "-":
+        source = ROOT / experiment.report if experiment.report else outs(experiment)[-1]
+        for kept in [source / "report.md", source / "report.json", *source.glob("*.png")]:
+            shutil.copy2(kept, folder / kept.name)
+    return seconds
+
+
+def record(experiment: Experiment, seconds: float) -> None:
+    """Writes (or replaces) its row of docs/claims/RUN.md."""
+    minutes, rest = divmod(round(seconds), 60)
+    folder, day = experiment.folder, datetime.date.today().isoformat()
+    row = (
+        f"| {experiment.name} | {experiment.rows} | [{folder}](../{folder}/) | {day} "
+        f"| {machine()} | {commit()} | {minutes} min {rest} s |"
+    )
+    lines = RECORD.read_text(encoding="utf-8").splitlines() if RECORD.exists() else []
+    if not lines:
+        lines = [
+            "# Where and when the ledger's experiments last ran",
+            "",
+            "Written by `python scripts/ledger.py` (the commands are in the script and on each",
+            "experiment's page); each row is replaced when its experiment runs again, so the",
+            "history is git's. Wall time is the whole experiment, alone on the machine.",
+            "",
+            "| experiment | claims rows | report | date | machine | commit | wall time |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    key = f"| {experiment.name} |"
+    kept = [line for line in lines if not line.startswith(key)]
+    table = [i for i, line in enumerate(kept) if line.startswith("| ")]
+    order = {e.name: i for i, e in enumerate(EXPERIMENTS)}
+    rows = [line for line in kept[table[1] + 1 :] if line.startswith("| ")] + [row]
+    rows.sort(key=lambda line: order.get(line.split("|")[1].strip(), len(order)))
+    RECORD.parent.mkdir(parents=True, exist_ok=True)
+    RECORD.write_text("\n".join(kept[: table[1] + 1] + rows) + "\n", encoding="utf-8")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="experiments to run (default: every one)")
+    parser.add_argument("--list", action="store_true", help="list the experiments and stop")
+    args = parser.parse_args()
+    if args.list:
+        for e in EXPERIMENTS:
+            print(f"{e.name}  (rows {e.rows}; docs/{e.folder})")
+            for command in e.commands:
+                print(f"    {command}")
+        return 0
+    unknown = [n for n in args.names if n not in BY_NAME]
+    if unknown:
+        print(f"ledger: no experiment {', '.join(unknown)} (--list names them)", file=sys.stderr)
+        return 2
+    chosen = [BY_NAME[n] for n in args.names] or list(EXPERIMENTS)
+    there = [str(p.relative_to(ROOT)) for e in chosen for p in outs(e) if p.exists()]
+    if there:
+        print(
+            f"ledger: {', '.join(there)} already there: move it away first, so that a new "
+            "report holds only new runs",
+            file=sys.stderr,
+        )
+        return 2
+    for experiment in chosen:
+        seconds = run(experiment)
+        record(experiment, seconds)
+        print(f"ledger: {experiment.name} took {seconds / 60:.1f} min", flush=True)
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_tables.py")], cwd=ROOT, check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
