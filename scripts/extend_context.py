@@ -2,7 +2,8 @@
 control), from every seed of the extrapolation experiment (docs/extrapolation.md); prints the
 loss at each evaluation length as mean ± std over the seeds.
 
-    python scripts/extend_context.py --runs runs/extrapolation --out runs/extend
+    python scripts/extend_context.py --runs runs/extrapolation --out runs/extend \
+        [--table docs/extrapolation/extensions/fine-tuning.md]
 
 For each seed folder ``RUNS/position=rope/seedN`` it runs, with ``lm`` itself:
 
@@ -55,6 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=Path, default=Path("runs/extrapolation"))
     ap.add_argument("--out", type=Path, default=Path("runs/extend"))
+    ap.add_argument("--table", type=Path, help="also write the table to this Markdown file")
     args = ap.parse_args()
     seeds = sorted((args.runs / "position=rope").glob("seed*"))
     if not seeds:
@@ -71,16 +73,24 @@ def main() -> None:
                 _lm("train", str(CONFIG), "--init-from", str(seed), "--out", str(out), *extra)
             table[name].append(_losses(out))
     lengths = sorted(table[next(iter(VARIANTS))][0])
-    print(f"\n{len(seeds)} seeds, loss mean ± std")
-    print("| | " + " | ".join(f"@{n}" for n in lengths) + " |")
-    print("|---|" + "---:|" * len(lengths))
+    lines = [
+        f"| {len(seeds)} seeds | " + " | ".join(f"@{n}" for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
     for name, per_seed in table.items():
         cells = []
         for n in lengths:
             x = [s[n] for s in per_seed]
             spread = statistics.stdev(x) if len(x) > 1 else 0.0
             cells.append(f"{statistics.mean(x):.4f} ± {spread:.4f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    print("\nloss, mean ± std over the seeds\n" + "\n".join(lines))
+    if args.table:
+        args.table.write_text(
+            "# Fine-tuning to 4x the context\n\nWritten by `python scripts/extend_context.py`: "
+            "validation loss, mean ± std over the seeds.\n\n" + "\n".join(lines) + "\n",
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

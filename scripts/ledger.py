@@ -57,9 +57,8 @@ class Experiment:
     commands: tuple[str, ...]
     """Shell words, run in order from the repository root; ``lm`` is this interpreter's."""
     report: str = ""
-    """The runs folder whose report is kept (default: the last command's ``--out``)."""
-    printed: str = ""
-    """A file under ``folder`` that keeps what the last command printed (a script's table)."""
+    """The runs folder whose report is kept (default: the last command's ``--out``; ``-``: none,
+    for a script that writes its own table into docs/)."""
 
 
 EXPERIMENTS = (
@@ -85,9 +84,11 @@ EXPERIMENTS = (
         "fine-tuning",
         "extrapolation/extensions",
         "15-16",
-        ("python scripts/extend_context.py --runs runs/extrapolation --out runs/extend",),
+        (
+            "python scripts/extend_context.py --runs runs/extrapolation --out runs/extend "
+            "--table docs/extrapolation/extensions/fine-tuning.md",
+        ),
         report="-",
-        printed="fine-tuning.md",
     ),
     Experiment(
         "llama",
@@ -213,6 +214,27 @@ EXPERIMENTS = (
         ),
     ),
     Experiment(
+        "counting-steps",
+        "tasks/counting-steps",
+        "28, 29",
+        (
+            "lm compare configs/counting.yaml --vary model.position=cope+train.max_steps=250,"
+            "cope+train.max_steps=500,cope+train.max_steps=1000,none+train.max_steps=250,"
+            "none+train.max_steps=500,none+train.max_steps=1000 --seeds 1,2,3 --jobs auto "
+            "--out runs/counting-steps",
+        ),
+    ),
+    Experiment(
+        "counting-size",
+        "tasks/counting-size",
+        "28, 29",
+        (
+            "lm compare configs/counting.yaml --vary model.position=cope+model.d_model=32,"
+            "cope+model.n_layer=1,none+model.d_model=32,none+model.n_layer=1 --seeds 1,2,3 "
+            "--jobs auto --out runs/counting-size",
+        ),
+    ),
+    Experiment(
         "addition",
         "tasks/addition",
         "32, 33",
@@ -221,6 +243,30 @@ EXPERIMENTS = (
             "true+data.addition_hints=true --set data.addition_hints=false data.task_lengths=1-5 "
             "data.task_eval_lengths=1-12 model.n_layer=4 model.d_model=128 train.max_steps=6000 "
             "train.lr=1e-3 --seeds 1,2,3 --jobs auto --out runs/addition",
+        ),
+    ),
+    Experiment(
+        "copy-random-eval",
+        "lengthgen/copy-random-eval",
+        "24",
+        (
+            "lm compare configs/copy.yaml --vary model.position=rope,fire,"
+            "rope+model.random_positions=64+model.random_positions_eval=true,"
+            "fire+model.random_positions=64+model.random_positions_eval=true "
+            "--set train.max_steps=6000 train.lr=1e-3 --seeds 1,2,3 --jobs auto "
+            "--out runs/copy-random-eval",
+        ),
+    ),
+    Experiment(
+        "parity",
+        "tasks/parity",
+        "34-36",
+        (
+            "lm compare configs/parity.yaml --vary model.position=rope,learned,none,"
+            "rope+model.random_positions=64,"
+            "rope+model.random_positions=64+model.random_positions_eval=true,"
+            "learned+model.random_positions=64+model.random_positions_eval=true "
+            "--seeds 1,2,3 --jobs auto --out runs/parity",
         ),
     ),
 )
@@ -281,24 +327,18 @@ def commit() -> str:
 
 
 def run(experiment: Experiment) -> float:
-    """Runs its commands; returns the wall seconds. Stops the script if one fails."""
+    """Runs its commands and keeps its report; returns the wall seconds. Stops the script if a
+    command fails."""
     start = time.perf_counter()
     for command in experiment.commands:
         print(f"ledger: {experiment.name}: {command}", flush=True)
-        done = subprocess.run(
-            argv(command), cwd=ROOT, capture_output=bool(experiment.printed), text=True
-        )
-        if experiment.printed:
-            sys.stdout.write(done.stdout)
-            sys.stderr.write(done.stderr)
+        done = subprocess.run(argv(command), cwd=ROOT)
         if done.returncode:
             sys.exit(f"ledger: {experiment.name}: `{command}` failed (exit {done.returncode})")
     seconds = time.perf_counter() - start
-    folder = DOCS / experiment.folder
-    folder.mkdir(parents=True, exist_ok=True)
-    if experiment.printed:
-        (folder / experiment.printed).write_text(done.stdout, encoding="utf-8")
     if experiment.report != "-":
+        folder = DOCS / experiment.folder
+        folder.mkdir(parents=True, exist_ok=True)
         source = ROOT / experiment.report if experiment.report else outs(experiment)[-1]
         for kept in [source / "report.md", source / "report.json", *source.glob("*.png")]:
             shutil.copy2(kept, folder / kept.name)
