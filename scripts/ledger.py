@@ -43,6 +43,11 @@ EVERY_SCHEME = (
     "rope,alibi,sinusoidal,learned,none,sandwich,xpos,fox,cope,rope+model.rope_p=0.25,"
     "rope+model.normalize=ssmax,none+model.normalize=stick_breaking,rope+model.window=16"
 )
+ADDITION = "lm compare configs/addition_hints.yaml --seeds 1,2,3 --jobs auto"
+ADDITION_BUDGET = (
+    "data.task_lengths=1-5 data.task_eval_lengths=1-12 model.n_layer=4 model.d_model=128 "
+    "train.max_steps=6000 train.lr=1e-3"
+)
 FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs 2"
 FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
 
@@ -237,12 +242,19 @@ EXPERIMENTS = (
     Experiment(
         "addition",
         "tasks/addition",
-        "32, 33",
+        "32",
         (
-            "lm compare configs/addition_hints.yaml --vary data.addition_reversed=true,false,"
-            "true+data.addition_hints=true --set data.addition_hints=false data.task_lengths=1-5 "
-            "data.task_eval_lengths=1-12 model.n_layer=4 model.d_model=128 train.max_steps=6000 "
-            "train.lr=1e-3 --seeds 1,2,3 --jobs auto --out runs/addition",
+            f"{ADDITION} --vary data.addition_reversed=true,false --set data.addition_hints=false "
+            f"{ADDITION_BUDGET} --out runs/addition",
+        ),
+    ),
+    Experiment(
+        "addition-hints",
+        "tasks/addition-hints",
+        "33",
+        (
+            f"{ADDITION} --vary data.addition_hints=true --set data.addition_reversed=true "
+            f"{ADDITION_BUDGET} --out runs/addition-hints",
         ),
     ),
     Experiment(
