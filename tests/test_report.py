@@ -252,6 +252,33 @@ def test_labels_name_what_differs_besides_the_seed():
     assert labels([tiny_config(train={"threads": 1}), alone]) == ("position", ["rope", "alibi"])
 
 
+def test_labels_of_a_sweep_of_parts_name_what_each_run_changes():
+    # --vary model.position=none+model.norm=rmsnorm,none+model.mlp=swiglu: no key has the most
+    # values, so each run names its own change, not a key it shares with the others.
+    parts = [tiny_config(model={"norm": "rmsnorm"}), tiny_config(model={"mlp": "swiglu"})]
+    parts.append(tiny_config(model={"tie_embeddings": False}))
+    assert labels(parts) == ("runs", ["norm=rmsnorm", "mlp=swiglu", "tie_embeddings=false"])
+    # --vary data.addition_reversed=true,false,true+data.addition_hints=true over 3 seeds: the
+    # run that changes nothing names every key, so no row reads as another's.
+    plain = {"source": "builtin:addition", "task_lengths": "1-3", "task_eval_lengths": "1-4"}
+    reversed_, forward, hinted = (
+        tiny_config(data={**plain, "addition_reversed": r, "addition_hints": h})
+        for r, h in ((True, False), (False, False), (True, True))
+    )
+    assert labels([reversed_] * 3 + [forward] * 3 + [hinted] * 3)[1][::3] == [
+        "addition_hints=false, addition_reversed=true",
+        "addition_reversed=false",
+        "addition_hints=true",
+    ]
+
+
+def test_a_one_value_sweep_is_one_group_whatever_threads_its_runs_had():
+    # lm compare --jobs trains its last run alone on every core (threads null), the others on
+    # one thread each: the same numbers, so one row, not two.
+    configs = [tiny_config(train={"threads": t, "seed": s}) for t, s in ((1, 1), (1, 2), (None, 3))]
+    assert labels(configs) == ("run", ["same config"] * 3)
+
+
 def test_no_results_is_an_error_and_writes_nothing(tmp_path):
     with pytest.raises(LMError, match="no runs to report on"):
         write_report([], tmp_path / "out", PROMPT, 12)

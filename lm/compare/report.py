@@ -38,8 +38,9 @@ ACCURACY_PICTURE = "accuracy_vs_length.png"
 """Drawn too when the runs trained on a generated task."""
 SPLIT_PICTURE = "errors_by_split.png"
 """Drawn instead for a task asked in splits (flip-flop, counting, selective copy)."""
-# Keys that differ between runs without being what they compare.
-NOT_COMPARED = ("model.vocab_size", "train.seed")
+# Keys that differ between runs without being what they compare; threads too, which lm compare
+# --jobs sets per run (its last run trains alone on every core) and which leaves the numbers.
+NOT_COMPARED = ("model.vocab_size", "train.seed", "train.threads")
 # Keys that change how a run is watched, saved or placed, not what it learns: the labels leave
 # them out unless nothing else differs.
 HOUSEKEEPING = (
@@ -147,17 +148,24 @@ def labels(configs: list[Config]) -> tuple[str, list[str]]:
         return varied[0].split(".")[-1], [value_text(f[varied[0]]) for f in flat]
     # Several keys: each run names the key of most values, and another key only where it
     # leaves the value most runs share (stick-breaking is "position=none,
-    # normalize=stick_breaking"; the softmax runs say nothing of normalize).
+    # normalize=stick_breaking"; the softmax runs say nothing of normalize). Where no key has
+    # the most values (a sweep of parts, each changed once), each run names what it changes,
+    # and a run that changes nothing names every key.
     texts = {k: [value_text(f[k]) for f in flat] for k in varied}
-    lead = max(varied, key=lambda k: len(set(texts[k])))
+    most = max(len(set(texts[k])) for k in varied)
+    leads = [k for k in varied if len(set(texts[k])) == most]
     usual = {}
     for k in varied:
         value, n = collections.Counter(texts[k]).most_common(1)[0]
-        usual[k] = value if k != lead and n > len(flat) / 2 else None  # no majority: all name it
-    return "runs", [
+        usual[k] = value if leads != [k] and n > len(flat) / 2 else None  # no majority: all name it
+    names = [
         ", ".join(f"{k.split('.')[-1]}={texts[k][i]}" for k in varied if texts[k][i] != usual[k])
         for i in range(len(flat))
     ]
+    every = [
+        ", ".join(f"{k.split('.')[-1]}={texts[k][i]}" for k in varied) for i in range(len(flat))
+    ]
+    return "runs", [name or every[i] for i, name in enumerate(names)]
 
 
 def _mean_std(values: list[float | None], fmt: str) -> str:
