@@ -338,10 +338,10 @@ def commit() -> str:
     return (head or "unknown") + ("+" if dirty else "")
 
 
-def run(experiment: Experiment) -> float:
-    """Runs its commands and keeps its report; returns the wall seconds. Stops the script if a
-    command fails."""
-    start = time.perf_counter()
+def run(experiment: Experiment) -> tuple[float, str]:
+    """Runs its commands and keeps its report; returns the wall seconds and the commit they ran
+    at. Stops the script if a command fails."""
+    at, start = commit(), time.perf_counter()
     for command in experiment.commands:
         print(f"ledger: {experiment.name}: {command}", flush=True)
         done = subprocess.run(argv(command), cwd=ROOT)
@@ -354,16 +354,16 @@ def run(experiment: Experiment) -> float:
         source = ROOT / experiment.report if experiment.report else outs(experiment)[-1]
         for kept in [source / "report.md", source / "report.json", *source.glob("*.png")]:
             shutil.copy2(kept, folder / kept.name)
-    return seconds
+    return seconds, at
 
 
-def record(experiment: Experiment, seconds: float) -> None:
+def record(experiment: Experiment, seconds: float, at: str) -> None:
     """Writes (or replaces) its row of docs/claims/RUN.md."""
     minutes, rest = divmod(round(seconds), 60)
     folder, day = experiment.folder, datetime.date.today().isoformat()
     row = (
         f"| {experiment.name} | {experiment.rows} | [{folder}](../{folder}/) | {day} "
-        f"| {machine()} | {commit()} | {minutes} min {rest} s |"
+        f"| {machine()} | {at} | {minutes} min {rest} s |"
     )
     lines = RECORD.read_text(encoding="utf-8").splitlines() if RECORD.exists() else []
     if not lines:
@@ -412,8 +412,8 @@ def main() -> int:
         )
         return 2
     for experiment in chosen:
-        seconds = run(experiment)
-        record(experiment, seconds)
+        seconds, at = run(experiment)
+        record(experiment, seconds, at)
         print(f"ledger: {experiment.name} took {seconds / 60:.1f} min", flush=True)
     subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_tables.py")], cwd=ROOT, check=True)
     return 0
