@@ -379,12 +379,12 @@ def record(experiment: Experiment, seconds: float, at: str) -> None:
         ]
     key = f"| {experiment.name} |"
     kept = [line for line in lines if not line.startswith(key)]
-    table = [i for i, line in enumerate(kept) if line.startswith("| ")]
+    rule = next(i for i, line in enumerate(kept) if line.startswith("|---"))  # under the header
     order = {e.name: i for i, e in enumerate(EXPERIMENTS)}
-    rows = [line for line in kept[table[1] + 1 :] if line.startswith("| ")] + [row]
+    rows = [line for line in kept[rule + 1 :] if line.startswith("| ")] + [row]
     rows.sort(key=lambda line: order.get(line.split("|")[1].strip(), len(order)))
     RECORD.parent.mkdir(parents=True, exist_ok=True)
-    RECORD.write_text("\n".join(kept[: table[1] + 1] + rows) + "\n", encoding="utf-8")
+    RECORD.write_text("\n".join(kept[: rule + 1] + rows) + "\n", encoding="utf-8")
 
 
 def main() -> int:
