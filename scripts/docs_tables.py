@@ -58,6 +58,8 @@ def quote(spec: str) -> str:
     parts = spec.split(" columns=")
     source, number = parts[0].rsplit(" ", 1)
     report = DOCS / source
+    if not report.is_file():
+        raise SystemExit(f"{report}: no such report (run the experiment that writes it)")
     found = tables(report)
     index = int(number)
     if not 1 <= index <= len(found):

@@ -77,6 +77,15 @@ EXPERIMENTS = (
         ),
     ),
     Experiment(
+        "ssmax-nope",
+        "extrapolation/ssmax-nope",
+        "6",
+        (
+            f"{EXTRAPOLATION} --vary model.position=none,none+model.normalize=ssmax "
+            "--set train.batch_size=16 --jobs auto --out runs/ssmax-nope",
+        ),
+    ),
+    Experiment(
         "extensions",
         "extrapolation/extensions",
         "12-14",
