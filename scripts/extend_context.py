@@ -3,7 +3,7 @@ control), from every seed of the extrapolation experiment (docs/extrapolation.md
 loss at each evaluation length as mean ± std over the seeds.
 
     python scripts/extend_context.py --runs runs/extrapolation --out runs/extend \
-        [--table docs/extrapolation/extensions/fine-tuning.md]
+        [--steps N] [--table docs/extrapolation/extensions/fine-tuning.md]
 
 For each seed folder ``RUNS/position=rope/seedN`` it runs, with ``lm`` itself:
 
@@ -13,7 +13,8 @@ For each seed folder ``RUNS/position=rope/seedN`` it runs, with ``lm`` itself:
         --out OUT/control/seedN --set model.rope_scaling=none  # the same steps, no interpolation
     lm eval RUN --context-lengths 64,96,128,192,256,512      # each of the above, and the seed
 
-A fine-tuned run already complete in OUT (its final checkpoint there) is evaluated again, not
+``--steps N`` fine-tunes N steps instead of the config's 200 (both rows). A fine-tuned run
+already complete in OUT (its final checkpoint there) is evaluated again, not
 retrained.
 """
 
@@ -31,11 +32,19 @@ from lm.runs.checkpoint import checkpoint_name
 
 LENGTHS = "64,96,128,192,256,512"
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "extrapolation_pi.yaml"
-VARIANTS = {
-    "RoPE as trained at 64": None,
-    "+ PI:4, 200 steps at 256": [],
-    "+ 200 steps at 256, no interpolation": ["--set", "model.rope_scaling=none"],
-}
+
+
+def variants(steps: int) -> dict[str, list[str] | None]:
+    """Each row's name and its fine-tuning's settings (None: the run as trained, not tuned)."""
+    return {
+        "RoPE as trained at 64": None,
+        f"+ PI:4, {steps} steps at 256": ["pi", f"train.max_steps={steps}"],
+        f"+ {steps} steps at 256, no interpolation": [
+            "control",
+            f"train.max_steps={steps}",
+            "model.rope_scaling=none",
+        ],
+    }
 
 
 def _lm(*args: str) -> None:
@@ -57,22 +66,34 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=Path("runs/extrapolation"))
     ap.add_argument("--out", type=Path, default=Path("runs/extend"))
     ap.add_argument("--table", type=Path, help="also write the table to this Markdown file")
+    ap.add_argument("--steps", type=int, help="fine-tuning steps (default: the config's, 200)")
     args = ap.parse_args()
     seeds = sorted((args.runs / "position=rope").glob("seed*"))
     if not seeds:
         sys.exit(f"extend_context: no RoPE runs under {args.runs}/position=rope (run lm compare)")
-    final = checkpoint_name(load_config(CONFIG).train.max_steps)  # a run trained to the end
-    table: dict[str, list[dict[int, float]]] = {name: [] for name in VARIANTS}
+    steps = args.steps or load_config(CONFIG).train.max_steps
+    final = checkpoint_name(steps)  # a run trained to the end
+    rows = variants(steps)
+    table: dict[str, list[dict[int, float]]] = {name: [] for name in rows}
     for seed in seeds:
-        for name, extra in VARIANTS.items():
-            if extra is None:
+        for name, tuned in rows.items():
+            if tuned is None:
                 table[name].append(_losses(seed))
                 continue
-            out = args.out / ("control" if extra else "pi") / seed.name
+            out = args.out / tuned[0] / seed.name
             if not (out / "checkpoints" / final).is_dir():
-                _lm("train", str(CONFIG), "--init-from", str(seed), "--out", str(out), *extra)
+                _lm(
+                    "train",
+                    str(CONFIG),
+                    "--init-from",
+                    str(seed),
+                    "--out",
+                    str(out),
+                    "--set",
+                    *tuned[1:],
+                )
             table[name].append(_losses(out))
-    lengths = sorted(table[next(iter(VARIANTS))][0])
+    lengths = sorted(table[next(iter(rows))][0])
     lines = [
         f"| {len(seeds)} seeds | " + " | ".join(f"@{n}" for n in lengths) + " |",
         "|---|" + "---:|" * len(lengths),
