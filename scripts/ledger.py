@@ -363,7 +363,30 @@ def run(experiment: Experiment) -> tuple[float, str]:
         source = ROOT / experiment.report if experiment.report else outs(experiment)[-1]
         for kept in [source / "report.md", source / "report.json", *source.glob("*.png")]:
             shutil.copy2(kept, folder / kept.name)
+        describe(experiment)
     return seconds, at
+
+
+def describe(experiment: Experiment) -> None:
+    """Writes its folder's RUN.md where there is none (a hand-written one, with notes on a run,
+    is kept): its commands, and where to read where and when they last ran."""
+    path = DOCS / experiment.folder / "RUN.md"
+    if path.exists():
+        return
+    commands = "\n".join(experiment.commands)
+    path.write_text(
+        "# How these files were made\n\n"
+        f"By `python scripts/ledger.py {experiment.name}` (claims rows {experiment.rows}), which "
+        "ran, from the repository root,\n\n"
+        f"```bash\n{commands}\n```\n\n"
+        "and copied the report of its runs here unchanged. Where, when, at which commit and in "
+        "what wall time it last ran: [`claims/RUN.md`]("
+        + "../"
+        * experiment.folder.count("/")
+        + "../claims/RUN.md). The run folders named in the report are under `runs/`, which is "
+        "not kept in the repository.\n",
+        encoding="utf-8",
+    )
 
 
 def record(experiment: Experiment, seconds: float, at: str) -> None:
