@@ -175,12 +175,16 @@ EXPERIMENTS = (
         "flipflop-rethought",
         "lengthgen/flipflop-rethought",
         "21",
+        (f"{FLIPFLOP} --vary model.position=pope,fope,hope,dape,path --out runs/flipflop-new",),
+    ),
+    Experiment(
+        "flipflop-path-more",
+        "lengthgen/flipflop-path-more",
+        "21",
         (
-            f"{FLIPFLOP} --vary model.position=pope,fope,hope,dape,path --out runs/flipflop-new",
             "lm compare configs/flipflop.yaml --vary model.position=path --seeds 4,5,6 --jobs 2 "
             "--out runs/flipflop-path-more",
         ),
-        report="runs/flipflop-new",
     ),
     Experiment(
         "flipflop-cope-budget",
