@@ -622,6 +622,27 @@ def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context()
     assert (hope_cos[:, 1:] == 1).all() and not (rope_cos[:, 1:] == 1).all()
 
 
+def test_fope_without_its_drawn_coefficients_is_hope():
+    # FoPE clips the frequencies that HoPE leaves unturned (less than a period over the trained
+    # context), so with its Fourier coefficients the identity the two are one model: what FoPE
+    # adds to HoPE is the drawn coefficients alone (docs/claims.md row 9 reads its numbers so).
+    from lm.model.transformer import TransformerLM
+
+    shape = dict(vocab_size=11, d_model=32, n_head=2, n_layer=2, context_length=16)
+    torch.manual_seed(0)
+    fope = TransformerLM(ModelConfig(**shape, position="fope")).eval()
+    torch.manual_seed(0)
+    hope = TransformerLM(ModelConfig(**shape, position="hope")).eval()
+    ids = torch.randint(0, 11, (2, 48))  # past the context too
+    missing, unexpected = fope.load_state_dict(hope.state_dict(), strict=False)
+    assert unexpected == [] and missing and all(k.endswith("coefficients") for k in missing)
+    assert not torch.allclose(fope(ids), hope(ids), atol=1e-3)  # the drawn series differ
+    for name, buffer in fope.named_buffers():
+        if name.endswith("coefficients"):
+            buffer.copy_(torch.eye(buffer.shape[-1]).expand_as(buffer))
+    torch.testing.assert_close(fope(ids), hope(ids), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("static", ["kerple", "alibi"])
 def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(static):
     from lm.model.position.dape import DAPE
