@@ -105,6 +105,16 @@ EXPERIMENTS = (
         report="-",
     ),
     Experiment(
+        "fine-tuning-1000",
+        "extrapolation/extensions",
+        "16",
+        (
+            "python scripts/extend_context.py --runs runs/extrapolation --out runs/extend-1000 "
+            "--steps 1000 --table docs/extrapolation/extensions/fine-tuning-1000.md",
+        ),
+        report="-",
+    ),
+    Experiment(
         "llama",
         "extrapolation/llama",
         "6",

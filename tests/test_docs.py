@@ -38,7 +38,7 @@ def _shown_commands(path: Path) -> list[str]:
     also those run as ``python -m lm`` or under ``torchrun ... -m lm``."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", _text(path), re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
+        for line in block.replace("\\\n", "").splitlines():  # as bash joins a continuation
             words = shlex.split(line, comments=True)
             if "-m" in words and words[words.index("-m") + 1 :][:1] == ["lm"]:
                 words = ["lm", *words[words.index("-m") + 2 :]]
