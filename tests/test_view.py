@@ -374,6 +374,9 @@ def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(run
         text=True,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
+        # Ctrl-C as a terminal gives it, whatever an earlier test left this worker ignoring (an
+        # ignored SIGINT is inherited, and Python then raises no KeyboardInterrupt).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         url = _first_line(server)
