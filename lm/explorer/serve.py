@@ -111,6 +111,3 @@ def serve(
         print("lm: stopped", file=sys.stderr)
     finally:
         server.server_close()
-        # A request still in the model when Ctrl-C came would be inside torch as the interpreter
-        # finalizes; let it finish (and keep any later one out) before exiting.
-        served.lock.acquire(timeout=30)
