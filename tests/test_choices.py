@@ -222,21 +222,26 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     monkeypatch.setattr(
         sbs, "_together", lambda m, t, micro, cores: (timings["together"], timings["start"])
     )
-    monkeypatch.setattr(sbs, "_probe", lambda m, t, micro, cores: timings["one"])
-    # 4 runs of 1000 steps: 80 s one at a time; two rounds of (1000 x 2 x 15 ms + 1 s) = 62 s.
+    monkeypatch.setattr(sbs, "_probe", lambda m, t, micro, cores: (timings["one"], 0.03))
+    # 4 runs of 1000 steps: 80 s one at a time; a job's start (1 s, once: a slot trains one
+    # run after another), then two rounds of 1000 steps of 2 x 15 ms = 61 s.
     n, choice = sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)
     assert (n, choice.how) == (2, "measured")
     assert choice.ms_per_step == {"1": 20.0, "2": 15.0, "start": 1000.0}
-    assert choice.why == "4 runs of 1000 steps: about 62 s 2 at a time, 80 s one at a time"
+    assert choice.why == "4 runs of 1000 steps: about 61 s 2 at a time, 80 s one at a time"
     # The same shape read back, for 3 short runs: 6 s one at a time; (100 x 2 x 15 ms + 1 s)
     # for the first two, then the third alone on both cores in lm compare's process (2 s): 6 s,
     # within drift. One job.
     n, choice = sbs.auto_jobs(cfg, device, 2, runs=3, steps=100)
     assert (n, choice.how, choice.value) == (1, "cached", "1")
     assert sbs.predict(choice.ms_per_step, 2, 3, 100) == pytest.approx((6.0, 6.0))
-    # 3 cores, 5 runs: a round of three (100 x 3 x 15 ms + 1 s), then two that start as jobs.
+    # 3 cores, 5 runs: a job's start and a round of three (1 s + 100 x 3 x 15 ms), then the
+    # last two share the three cores: one on two threads (1.625 times one thread's speed, half
+    # way to every core's 2.25) until it ends, then the other alone on all three.
     three = {"1": 20.0, "3": 15.0, "start": 1000.0}
-    assert sbs.predict(three, 3, 5, 100) == pytest.approx((10.0, 5.5 + 2 * 2.0 + 1.0))
+    first = 4.5 / 1.625
+    expected = 5.5 + first + (4.5 - first) / 2.25
+    assert sbs.predict(three, 3, 5, 100) == pytest.approx((10.0, expected))
     # A gain per step within drift does not pay: 80 s against 2 x (38 s + 1 s).
     choices.clear()
     timings["together"] = 0.019
@@ -244,6 +249,21 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
     wider = tiny_config(model={"vocab_size": 40, "d_model": 64})
     timings["together"] = 0.010
     assert sbs.auto_jobs(wider, device, 2, runs=4, steps=1000)[1].how == "measured"  # new shape
+
+
+def test_jobs_auto_plays_a_sweep_as_the_jobs_train_it():
+    from lm.compare.auto_jobs import predict
+
+    # Every core makes a run twice as fast as one thread; no start, to see the rest.
+    ms = {"1": 10.0, "2": 10.0}
+    # Two runs, one twice the other (4 s and 2 s on one thread): once the short one ends, the
+    # long one takes its core and its last 2 s take 1 s. Side by side is no faster here.
+    assert predict(ms, 2, 2, 100, [2.0, 1.0]) == pytest.approx((3.0, 3.0))
+    # The costliest first, whatever the order given: 6 s on one core beside three of 2 s.
+    assert predict(ms, 2, 4, 100, [1.0, 1.0, 1.0, 3.0]) == pytest.approx((6.0, 6.0))
+    # A job's start is paid once, however many runs a slot trains after it.
+    start = {**ms, "start": 500.0}
+    assert predict(start, 2, 4, 100, [1.0] * 4)[1] == pytest.approx(0.5 + 4.0)
 
 
 def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
@@ -263,7 +283,7 @@ def test_jobs_auto_times_rows_as_wide_as_the_sweeps_batches(monkeypatch):
 
     monkeypatch.setattr(sbs, "_one", one)
     monkeypatch.setattr(sbs, "_together", together)
-    monkeypatch.setattr(sbs, "_probe", lambda m, t, batch, cores: 0.02)
+    monkeypatch.setattr(sbs, "_probe", lambda m, t, batch, cores: (0.02, 0.02))
     micro = cfg.train.batch_size
     sbs.auto_jobs(cfg, cpu, 2, runs=4, steps=1000, width=5)  # a padded sweep's rows
     assert timed == [(micro, 5), (micro, 5)]
@@ -400,3 +420,17 @@ def test_a_kernel_not_measured_is_sdpa_and_says_why(tmp_path, monkeypatch):
 def losses(run_dir):
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return [m["train_loss"] for m in lines if "train_loss" in m]
+
+
+def test_jobs_auto_weighs_each_model_of_a_sweep_once_against_the_first():
+    import dataclasses
+
+    from lm.compare.auto_jobs import step_weights
+
+    cfg = tiny_config(model={"vocab_size": 40})
+    deeper = dataclasses.replace(cfg.model, n_layer=cfg.model.n_layer + 2)
+    before = torch.get_num_threads()
+    weights = step_weights([cfg.model, deeper, cfg.model], cfg.train, (2, 8))
+    assert weights[0] == weights[2] == 1.0  # the same model: one timing, read twice
+    assert weights[1] > 0 and weights[1] != 1.0
+    assert torch.get_num_threads() == before  # timed on one thread, then given back

@@ -230,3 +230,64 @@ def test_a_job_slot_trains_one_run_after_another_as_lm_train_would(tmp_path, mon
     )
     with pytest.raises(LMError, match=r"bad: .*train\.stpes"):
         jobs_module.run_jobs([bad], 1, 0, lambda line: None, cores=2)
+
+
+def test_a_run_left_training_alone_takes_the_cores_the_finished_one_gave_back(
+    tmp_path, monkeypatch
+):
+    """Once no run waits, a job still training is told to take the freed core mid-run: its
+    metrics.jsonl says so, and it trains the numbers it trains alone."""
+    import lm.compare.jobs as jobs_module
+
+    cfg = write_config(
+        tmp_path / "tiny.yaml",
+        data={"cache_dir": str(tmp_path / "cache")},
+        train={"max_steps": 40, "log_every": 10, "eval_every": 0, "checkpoint_every": 0},
+    )
+    # The long run waits before its sixth step until the sweep has told it to widen.
+    pauses = Pauses(tmp_path, [{"where": "step", "at": 5, "wait_for": "go.fifo", "only": "long"}])
+    monkeypatch.setattr(os, "environ", pauses.env())
+    widened = []
+    widen = jobs_module._Slot.widen
+
+    def told(slot, threads):
+        had = slot.threads
+        widen(slot, threads)
+        if slot.threads != had:  # told now (the sweep asks again at every look)
+            widened.append(slot.threads)
+            with open(tmp_path / "go.fifo", "w") as go:
+                go.write("go\n")
+
+    monkeypatch.setattr(jobs_module._Slot, "widen", told)
+    long, short = tmp_path / "long", tmp_path / "short"
+    queue = [
+        Job(long, [str(cfg), "--out", str(long), "--overwrite"], 40),
+        Job(short, [str(cfg), "--out", str(short), "--overwrite", "--set", "train.max_steps=4"], 4),
+    ]
+    jobs_module.run_jobs(queue, 2, 0, lambda line: None, cores=2)
+    pauses.close()
+    assert widened == [2]
+    logged = [json.loads(line) for line in (long / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("threads") for r in logged if "train_loss" in r] == [2, None, None, None]
+    assert json.loads((long / "run.json").read_text())["ran"]["threads"] == 1  # at its start
+    assert main(["train", str(cfg), "--out", str(tmp_path / "alone"), "--quiet"]) == 0
+    assert losses(long) == losses(tmp_path / "alone")
+    assert_same_weights(long, tmp_path / "alone")
+
+
+def test_jobs_auto_trains_the_costliest_runs_first(tmp_path, monkeypatch):
+    """Where --jobs auto weighed the runs, they start costliest first (a long run started last
+    would train alone at the end); the report keeps the sweep's own order."""
+    import lm.compare.sweep as sweep
+
+    cfg = write_config(tmp_path / "tiny.yaml", data={"cache_dir": str(tmp_path / "cache")})
+    started = []
+    monkeypatch.setattr(sweep, "_auto_jobs", lambda configs, device, log: (2, [1.0, 3.0, 2.0]))
+    monkeypatch.setattr(
+        sweep, "run_jobs", lambda jobs, *args: started.extend(j.run_dir.name for j in jobs)
+    )
+    runs = sweep.run_sweep(
+        cfg, None, None, seeds=[1, 2, 3], out_dir=tmp_path / "out", quiet=True, jobs="auto"
+    )
+    assert started == ["seed2", "seed3", "seed1"]
+    assert [run.name for run in runs] == ["seed1", "seed2", "seed3"]

@@ -457,7 +457,9 @@ def _fake_pool(monkeypatch, one: float, together: float, start: float, probe: fl
         return fake
 
     monkeypatch.setenv("LM_TUNE", "on")
-    monkeypatch.setattr(sbs, "_probe", timed("probe", one if probe is None else probe))
+    # The probe's step on every core, and on one thread: as fast as a run beside the others.
+    probed = (one if probe is None else probe, 2 * together)
+    monkeypatch.setattr(sbs, "_probe", timed("probe", probed))
     monkeypatch.setattr(sbs, "_one", timed("one", (one, None)))
     monkeypatch.setattr(sbs, "_together", timed("together", (together, start)))
     return sbs, calls
@@ -469,10 +471,13 @@ def test_jobs_auto_runs_a_sweep_too_short_to_pay_for_measuring_one_at_a_time(mon
     # measurement (two windows, a pool's start and warm-ups) would cost about 7 s.
     sbs, calls = _fake_pool(monkeypatch, one=0.020, together=0.008, start=1.0)
     n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
-    assert (n, choice.how, calls) == (1, "fallback", ["probe"])  # one step timed, no more
-    assert "too short to pay for measuring side by side" in choice.why
-    assert choice.why.endswith("one at a time, unmeasured") and "about 18 s one at a time" in (
-        choice.why
+    # Decided from this process's steps alone (on both cores, on one thread: 16 ms), with a
+    # job's start guessed: 3 s + 300 x 16 ms for two runs, then the third alone, 6 s: 14 s.
+    assert (n, choice.how, calls) == (2, "probed", ["probe"])  # no pool measured
+    assert choice.ms_per_step == {"1": 20.0, "2": 8.0, "start": 1000 * sbs.START_GUESS_S}
+    assert choice.why == (
+        "3 runs of 300 steps: about 14 s 2 at a time, 18 s one at a time; side by side timed "
+        "in this process only: measuring it in 2 processes (about 6 s) would not pay"
     )
     assert not choices.read()  # nothing measured, nothing kept
     # A long sweep of the same shape measures, and keeps it; then even a short one reads it
@@ -497,11 +502,12 @@ def test_jobs_auto_never_predicts_a_sweep_slower_than_one_at_a_time(
     n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=runs, steps=steps)
     alone = runs * steps * one_ms / 1000
     cost = sbs.measuring_cost(one_ms / 1000, 2)
-    if "one" not in calls:
-        assert n == 1 and choice.how == "fallback"  # the sweep's time is one at a time's
+    _, together = sbs.predict(choice.ms_per_step, 2, runs, steps)
+    if "one" not in calls:  # decided from this process's steps: nothing paid for measuring
+        assert choice.how == "probed"
+        assert (n == 2) == (together <= sbs.GAIN * alone + 1e-9)
         return
     assert cost <= sbs.MEASURE_SHARE * alone + 1e-9
-    _, together = sbs.predict(choice.ms_per_step, 2, runs, steps)
     if n == 2:
         assert together + cost <= alone + 1e-9
     else:

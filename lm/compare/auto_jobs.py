@@ -3,26 +3,27 @@
 Two one-thread runs at once beat one run on two threads where one run leaves cores idle (a
 small model), and lose where one run already fills them (memory bandwidth, a wide model). And
 each job is a process of its own, which pays its start (imports, its first step) where one run
-at a time trains in lm compare's own process; a short sweep, or one whose last runs are fewer
-than the cores, can lose by that alone. So ``auto`` times the sweep's own training step (its
-optimizer's included) both ways, on this machine: one process on every core, and one process
-per core at once, each on one thread, all of them timing the same stretch of time (a process
-still starting while another times would let it time the machine to itself, and overstate the
-gain), and how long those processes took to start; its rows as wide as the sweep's batches (a
-padded task's are far shorter than the context). From these it predicts the whole sweep's
-training both ways (:func:`predict`: its runs, their steps, the rounds, the last runs) and
-takes one job per core where that comes at most ``GAIN`` of one at a time, else one job. The
-measurement is kept by :mod:`lm.runtime.choices` (by CPU, torch, cores, the model's shape and
-the optimizer), so a machine measures each shape once and each sweep decides from it.
+at a time trains in lm compare's own process. So ``auto`` times the sweep's own training step
+(its optimizer's, clipping's and skip test's included), on this machine, in this process: a step
+on every core, and a step on one thread. Runs of a sweep differ (CoPE's step costs three of
+RoPE's), so where side by side may pay, each other model of the sweep is timed on one thread
+too: what orders the runs (the longest first, so that no long run is left alone at the end) and
+weighs them in the prediction. From these :func:`predict` plays the whole sweep both ways: one
+at a time on every core, and side by side in one-thread jobs that start once and, when no run
+waits, share the cores the finished ones gave back (:mod:`lm.compare.jobs`), the last run alone
+in lm compare's process. ``auto`` takes one job per core where that comes at most ``GAIN`` of
+one at a time, else one job.
 
-A measurement costs seconds of its own, which a short sweep never wins back. So where nothing
-is kept, one training step is timed first (after a warm-up: :func:`_probe`), and the sweep's
-time one at a time predicted from it; the measurement goes ahead only where its own cost
-(:func:`measuring_cost`) is at most ``MEASURE_SHARE`` of that, else the sweep runs one at a time
-unmeasured and says so. Side by side is taken only where it saves at least ``1 - GAIN`` of the
-time one at a time, which ``MEASURE_SHARE`` does not exceed: a measurement that leads to side by
-side has paid for itself, so the sweep is then not slower than one at a time as predicted; one
-that leads to one at a time costs at most ``MEASURE_SHARE`` of it, once per shape. On GPUs
+What this process cannot see is how much jobs side by side slow each other (memory bandwidth):
+there it assumes none. A sweep long enough to pay for it measures that too, where nothing is
+kept (one process per core at once, each on one thread, all of them timing the same stretch of
+time, their rows as wide as the sweep's batches), and keeps it by :mod:`lm.runtime.choices` (by
+CPU, torch, cores, the model's shape and the optimizer), so a machine measures each shape once
+and each sweep decides from it: the measurement goes ahead only where its own cost
+(:func:`measuring_cost`) is at most ``MEASURE_SHARE`` of the sweep one at a time. A model that
+one run already spreads over every core shows no gain in this process, so the assumption errs
+only for small models, where jobs side by side share little; and the prediction leaves out
+building and evaluating each run, which side by side divides between the cores too. On GPUs
 ``auto`` is one job per device, unmeasured; with ``LM_TUNE=off`` (the test suite) it is one
 job.
 """
@@ -30,10 +31,11 @@ job.
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +60,8 @@ of its time one at a time; at most ``1 - GAIN``, what side by side must save to 
 
 START_GUESS_S = 3.0
 """A job's start (a process importing torch and building its model) as guessed before any is
-timed: part of the measurement's cost, whose side-by-side half starts one process per core."""
+timed: part of the measurement's cost, whose side-by-side half starts one process per core, and
+of side by side where it is not measured and this machine has kept no other shape's."""
 
 BARRIER_TIMEOUT_S = 300.0
 """How long a process of the pool waits for the others to be ready (a process that died
@@ -72,10 +75,13 @@ def auto_jobs(
     runs: int = 2,
     steps: int | None = None,
     width: int | None = None,
+    weigh: Callable[[], Sequence[float]] | None = None,
 ) -> tuple[int, choices.Choice]:
     """How many of ``runs`` runs of ``config``'s shape (``steps`` each; default the config's)
     to train at once, and how that was decided. ``width``: the positions of a training step's
-    rows (default the context; a padded run's batches are as wide as their longest row)."""
+    rows (default the context; a padded run's batches are as wide as their longest row).
+    ``weigh``: each run's cost against one run of ``config`` (its steps and its model's step),
+    called only where side by side may pay (it times the sweep's other models)."""
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
@@ -86,6 +92,7 @@ def auto_jobs(
     if off := choices.not_measuring():
         return 1, choices.Choice("1", "fallback", why=off)
     m, t = config.model, config.train
+    steps = steps or t.max_steps
     micro = t.batch_size // t.accumulation(1)
     batch = (micro, m.context_length if width is None else width)
     context = {
@@ -101,27 +108,72 @@ def auto_jobs(
         "1": lambda: _one(m, t, batch, cores),
         str(cores): lambda: _together(m, t, batch, cores),
     }
-    if choices.cached("compare.jobs", context, candidates) is None:
-        step = _probe(m, t, batch, cores)
-        pays, alone, cost = worth_measuring(step, cores, runs, steps or t.max_steps)
+    weights = None
+    chosen = choices.cached("compare.jobs", context, candidates)
+    if chosen is None:
+        every, one = _probe(m, t, batch, cores)
+        # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
+        probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
+        weights = _weighed(probed, cores, steps, runs, weigh)
+        pays, _, cost = worth_measuring(every, cores, runs, steps, weights)
         if not pays:
-            why = (
-                f"{runs} runs of {steps or t.max_steps} steps: about {alone:.0f} s one at a "
-                f"time (a step {1000 * step:.0f} ms), too short to pay for measuring side by "
-                f"side (about {cost:.0f} s): one at a time, unmeasured"
+            note = (
+                f"; side by side timed in this process only: measuring it in {cores} processes "
+                f"(about {cost:.0f} s) would not pay"
             )
-            return 1, choices.Choice("1", "fallback", why=why)
-    measured = choices.choose(
+            return _decide(choices.Choice("1", "probed", probed), cores, steps, weights, note)
+    chosen = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
         cpus_used=cores,
     )  # fmt: skip
-    alone, together = predict(measured.ms_per_step, cores, runs, steps or t.max_steps)
+    if weights is None:
+        weights = _weighed(chosen.ms_per_step, cores, steps, runs, weigh)
+    return _decide(chosen, cores, steps, weights)
+
+
+def _weighed(
+    ms: dict[str, float],
+    cores: int,
+    steps: int,
+    runs: int,
+    weigh: Callable[[], Sequence[float]] | None,
+) -> list[float]:
+    """The runs' weights from ``weigh`` where side by side may pay were every run alike, else
+    all alike (1)."""
+    alike = [1.0] * runs
+    if weigh is None:
+        return alike
+    alone, together = predict(ms, cores, runs, steps, alike)
+    return list(weigh()) if together <= GAIN * alone else alike
+
+
+def _decide(
+    chosen: choices.Choice, cores: int, steps: int, weights: list[float], note: str = ""
+) -> tuple[int, choices.Choice]:
+    """Side by side or one at a time, from ``chosen``'s milliseconds and the runs' weights;
+    ``note`` ends the reason given."""
+    alone, together = predict(chosen.ms_per_step, cores, len(weights), steps, weights)
     value = str(cores) if together <= GAIN * alone else "1"
+    unequal = " of unequal cost" if len(set(weights)) > 1 else ""
     why = (
-        f"{runs} runs of {steps or t.max_steps} steps: about {together:.0f} s {cores} at a time, "
-        f"{alone:.0f} s one at a time"
+        f"{len(weights)} runs{unequal} of {steps} steps: about {together:.0f} s {cores} at a "
+        f"time, {alone:.0f} s one at a time{note}"
     )
-    return int(value), dataclasses.replace(measured, value=value, why=why)
+    return int(value), dataclasses.replace(chosen, value=value, why=why)
+
+
+def _start() -> float:
+    """A job's start in seconds, as this machine's kept measurements of other shapes found it
+    (their median: importing and a first step vary little with the model), else guessed."""
+    cpu = choices.cpu_name()
+    starts = [
+        entry["ms_per_step"]["start"] / 1000
+        for k, entry in choices.read().items()
+        if '"kind": "compare.jobs"' in k
+        and json.loads(k).get("cpu") == cpu
+        and "start" in entry.get("ms_per_step", {})
+    ]
+    return statistics.median(starts) if starts else START_GUESS_S
 
 
 def measuring_cost(step_s: float, cores: int) -> float:
@@ -133,29 +185,65 @@ def measuring_cost(step_s: float, cores: int) -> float:
     return one + START_GUESS_S + lot + max(WINDOW_S, MIN_STEPS * lot)
 
 
-def worth_measuring(step_s: float, cores: int, runs: int, steps: int) -> tuple[bool, float, float]:
-    """Whether a sweep of ``runs`` runs of ``steps`` steps, a step ``step_s`` on every core,
-    pays for measuring side by side: the measurement's cost at most ``MEASURE_SHARE`` of its
-    time one at a time. Also those two times, in seconds."""
-    alone, cost = runs * steps * step_s, measuring_cost(step_s, cores)
+def worth_measuring(
+    step_s: float, cores: int, runs: int, steps: int, weights: Sequence[float] | None = None
+) -> tuple[bool, float, float]:
+    """Whether a sweep of ``runs`` runs of ``steps`` steps (each weighed by ``weights``), a step
+    ``step_s`` on every core, pays for measuring side by side: the measurement's cost at most
+    ``MEASURE_SHARE`` of its time one at a time. Also those two times, in seconds."""
+    total = sum(weights) if weights is not None else runs
+    alone, cost = total * steps * step_s, measuring_cost(step_s, cores)
     return cost <= MEASURE_SHARE * alone, alone, cost
 
 
-def predict(ms: dict[str, float], cores: int, runs: int, steps: int) -> tuple[float, float]:
-    """Seconds to train ``runs`` runs of ``steps`` steps one at a time on every core, and
-    ``cores`` at a time, from the measured milliseconds (``1``: a step of one run on every
-    core; ``cores``: a step of all the one-thread runs at once; ``start``: a job's start, its
+def predict(
+    ms: dict[str, float],
+    cores: int,
+    runs: int,
+    steps: int,
+    weights: Sequence[float] | None = None,
+) -> tuple[float, float]:
+    """Seconds to train ``runs`` runs of ``steps`` steps one at a time on every core, and in
+    ``cores`` one-thread jobs, from the milliseconds (``1``: a step of one run on every core;
+    ``cores``: a step of all the one-thread runs at once, per run; ``start``: a job's start, its
     process, imports and first step, which a run in lm compare's own process does not pay).
-    The last runs of a sweep, fewer than the cores, take the cores the others leave
-    (:func:`lm.compare.jobs.job_threads`): counted here at one run on every core's rate, so the
-    guess errs towards one at a time; a last run alone trains in lm compare's process and pays
-    no start."""
-    one, lot, start = ms["1"] / 1000, ms[str(cores)] / 1000, ms.get("start", 0.0) / 1000
-    rounds, rest = divmod(runs, cores)
-    together = rounds * (steps * cores * lot + start)
-    if rest:
-        together += steps * rest * one + (start if rest > 1 else 0.0)
-    return runs * steps * one, together
+    ``weights``: each run's cost against such a run (default all 1). Side by side is played as
+    :func:`lm.compare.jobs.run_jobs` trains: the costliest runs first, a job's start once, and
+    once no run waits, the runs left share every core (a run's speed on ``k`` threads taken
+    between one thread's and every core's, in proportion); a last run with none beside it
+    trains in lm compare's process, on every core, with no start."""
+    every, lot, start = ms["1"] / 1000, ms[str(cores)] / 1000, ms.get("start", 0.0) / 1000
+    weights = sorted(weights if weights is not None else [1.0] * runs, reverse=True)
+    alone = steps * every * sum(weights)
+    one = lot * cores  # a one-thread run's step beside the others
+    full = max(1.0, one / every)  # a run's speed on every core, against one thread
+
+    def speed(threads: int) -> float:
+        return 1.0 + (full - 1.0) * (threads - 1) / max(1, cores - 1)
+
+    left = [steps * one * w for w in weights]  # seconds each run needs on one thread
+    waiting, running, clock, started = list(range(len(left))), [], 0.0, False
+    while waiting or running:
+        while waiting and len(running) < cores:
+            if not running and len(waiting) == 1:
+                clock += steps * every * weights[waiting.pop()]  # alone, in lm compare's process
+                break
+            if not started:
+                clock, started = clock + start, True
+            running.append(waiting.pop(0))
+        if not running:
+            continue
+        if waiting:
+            speeds = [1.0] * len(running)
+        else:
+            share, extra = divmod(cores, len(running))
+            speeds = [speed(share + (i < extra)) for i in range(len(running))]
+        dt = min(left[r] / v for r, v in zip(running, speeds, strict=True))
+        clock += dt
+        for r, v in zip(running, speeds, strict=True):
+            left[r] -= dt * v
+        running = [r for r in running if left[r] > 1e-9]
+    return alone, clock
 
 
 def _prefer(ms: dict[str, float], cores: int) -> str:
@@ -210,19 +298,52 @@ def _steps(
             return elapsed / count, ready
 
 
-def _probe(model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int) -> float:
-    """The seconds of one training step of this shape on every core, after a warm-up step:
-    what decides whether the sweep pays for a measurement at all."""
+def _probe(
+    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int
+) -> tuple[float, float]:
+    """The seconds of one training step of this shape on every core, after a warm-up step, and
+    of one on one thread: what this process can tell of side by side without a pool."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(cores)
         step = training_step(model, batch[0], train, width=batch[1])
         step()
-        start = time.perf_counter()
-        step()
-        return time.perf_counter() - start
+        every = _timed(step)
+        torch.set_num_threads(1)
+        return every, _timed(step)
     finally:
         torch.set_num_threads(before)
+
+
+def step_weights(
+    models: Sequence[ModelConfig], train: TrainConfig, batch: tuple[int, int]
+) -> list[float]:
+    """Each model's training step on one thread against the first's (each distinct model timed
+    once, after a warm-up step): the cost of a sweep's runs against one another."""
+    before = torch.get_num_threads()
+    seconds: dict[str, float] = {}
+    try:
+        torch.set_num_threads(1)
+        for model in models:
+            shape = repr(model)
+            if shape not in seconds:
+                step = training_step(model, batch[0], train, width=batch[1])
+                step()
+                seconds[shape] = _timed(step)
+    finally:
+        torch.set_num_threads(before)
+    first = seconds[repr(models[0])]
+    return [seconds[repr(model)] / first for model in models]
+
+
+def _timed(step: Callable[[], object], times: int = 2) -> float:
+    """The fastest of ``times`` steps, in seconds (one step alone varies by a tenth)."""
+    best = float("inf")
+    for _ in range(times):
+        start = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _one(

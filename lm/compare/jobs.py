@@ -10,7 +10,9 @@ and which does not change its numbers: every run equals the same run trained alo
 (tests/test_train.py holds every scheme's gradients equal on one thread and on two). The last
 runs of a sweep, fewer than N, take the cores the others leave: one that would get more cores
 than a full round's share waits for them while the runs holding them are nearly done, and
-otherwise starts on what is free. The last run of all, when it would start with no other
+otherwise starts on what is free; once no run waits, the runs still training share the cores
+the finished ones gave back (their slots are told mid-run; their metrics.jsonl says
+``threads`` from the next logged step). The last run of all, when it would start with no other
 running, trains in lm compare's own process instead, as one run at a time does: it has every
 core anyway, and a process of its own would pay its start (imports, data) for nothing. On GPUs
 the jobs go round-robin over the visible devices, several to a device when there are more jobs
@@ -116,6 +118,8 @@ def run_jobs(
             if stopped or signals.received:  # each job saves a checkpoint, then ends
                 for slot in running.values():
                     slot.stop()
+            elif cores is not None and not waiting:
+                _share_freed(cores, list(running.values()))
             if running and time.monotonic() - last_progress > PROGRESS_EVERY_S:
                 log("compare: " + "; ".join(_progress(job) for job in running))
                 last_progress = time.monotonic()
@@ -154,9 +158,14 @@ class _Slot:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
         # Open as long as the slot runs; each job's part of it is read when the job ends.
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115
+        # The threads its job is to take when told (SIGUSR1): cores others gave back.
+        handle, name = tempfile.mkstemp(prefix="lm-slot-", suffix=".threads")
+        os.close(handle)
+        self._widen_file = Path(name)
+        self.ready = threading.Event()  # it hears SIGUSR1 now (before, the signal would end it)
         # The slot shares lm compare's process group: Ctrl-C in a terminal reaches both.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "lm.compare.slot"],
+            [sys.executable, "-m", "lm.compare.slot", str(self._widen_file)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -173,7 +182,11 @@ class _Slot:
     def _read(self) -> None:
         assert self._process.stdout is not None
         for line in self._process.stdout:
-            self._answers.put(int(json.loads(line)["code"]))
+            answer = json.loads(line)
+            if "ready" in answer:
+                self.ready.set()
+            else:
+                self._answers.put(int(answer["code"]))
         self._answers.put(None)
 
     def start(self, job: Job, threads: int | None) -> None:
@@ -203,6 +216,15 @@ class _Slot:
     def alive(self) -> bool:
         return self._process.poll() is None
 
+    def widen(self, threads: int) -> None:
+        """Let the job it trains take ``threads`` threads from now on (once it hears the
+        signal; a job told to stop is left alone)."""
+        if threads <= self.threads or self.asked or not self.ready.is_set() or not self.alive():
+            return
+        self._widen_file.write_text(str(threads), encoding="utf-8")
+        self._process.send_signal(signal.SIGUSR1)
+        self.threads = threads
+
     def stop(self) -> None:
         """Ask once: a second signal could end the job while it finishes its checkpoint."""
         if not self.asked and self.alive():
@@ -229,6 +251,7 @@ class _Slot:
             self._process.kill()
             self._process.wait()
         self._stderr.close()
+        self._widen_file.unlink(missing_ok=True)
 
 
 CLOSE_S = 60.0
@@ -255,6 +278,17 @@ def _progress(job: Job) -> str:
     if last is None:
         return f"{name} starting"
     return f"{name} step {last['step']}/{job.max_steps} loss {last['train_loss']:.4f}"
+
+
+def _share_freed(cores: int, running: list[_Slot]) -> None:
+    """With no run waiting, the runs still training share every core: each is told its share
+    (the first ones one more where they do not divide evenly) where that is more than it has."""
+    if not running:
+        return
+    share, extra = divmod(cores, len(running))
+    for i, slot in enumerate(running):
+        if share + (i < extra) > 0:
+            slot.widen(share + (i < extra))
 
 
 NEARLY_DONE = 0.9  # of its steps: a run this far gives its cores back soon

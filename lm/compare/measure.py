@@ -216,9 +216,10 @@ def _measure_model(run_dir: Path, cfg: Config, measure: Measure) -> dict[str, An
     }
 
 
-def measure_job(run_dir: Path, spec: str) -> None:
+def measure_job(run_dir: Path, spec: str, threads: int | None = None) -> None:
     """A sweep job's measurement of the run it trained (its job slot's ``--measure``,
-    :mod:`lm.compare.slot`): ``spec`` is the JSON of :func:`job_spec`."""
+    :mod:`lm.compare.slot`): ``spec`` is the JSON of :func:`job_spec`; on ``threads`` CPU
+    threads (default: those the run trained on)."""
     try:
         given = json.loads(spec)
         evaluation = Evaluation(**given["evaluation"])
@@ -226,19 +227,21 @@ def measure_job(run_dir: Path, spec: str) -> None:
     except (ValueError, TypeError, KeyError):
         raise LMError(f"--measure: {spec!r} is not what lm compare passes its jobs") from None
     cfg = load_config(run_dir / CONFIG)
-    # The cores the job trained on (run.json says), not the machine's: other jobs may be
-    # training beside it.
-    threads = torch.get_num_threads()
-    try:
-        trained_on = json.loads((run_dir / PROVENANCE).read_text(encoding="utf-8"))["ran"]
-        torch.set_num_threads(int(trained_on["threads"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # the job's own default, then
+    # The cores the job trained on (run.json says) or was last given, not the machine's: other
+    # jobs may be training beside it.
+    before = torch.get_num_threads()
+    if threads is None:
+        try:
+            ran = json.loads((run_dir / PROVENANCE).read_text(encoding="utf-8"))["ran"]
+            threads = max(1, int(ran["threads"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            threads = before  # the job's own default, then
+    torch.set_num_threads(threads)
     try:
         for measure in evaluation.measures(cfg, prompt, device):
             measure_run(run_dir, measure)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def job_spec(evaluation: Evaluation, prompt: str, device: str) -> str:

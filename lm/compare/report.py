@@ -23,15 +23,17 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lm.compare import plots
 from lm.config.errors import LMError
 from lm.config.load import config_diff, flatten
 from lm.config.names import task_of
 from lm.config.sections import Config
 from lm.config.values import value_text
 from lm.data.tasks import TaskSettings, split_notes
+
+if TYPE_CHECKING:
+    from lm.compare import plots
 
 PICTURES = ("loss_vs_step.png", "loss_vs_time.png", "loss_vs_context.png")
 ACCURACY_PICTURE = "accuracy_vs_length.png"
@@ -287,6 +289,10 @@ def _curves(groups: dict[str, list[RunResult]], x: str, y: str) -> plots.Curves:
 
 
 def _draw(grouping: _Grouping, out_dir: Path) -> None:
+    # Here, not above: a sweep's job imports this module to measure its run, and draws nothing
+    # (matplotlib is a third of a job's start).
+    from lm.compare import plots
+
     step, time, context = (out_dir / name for name in PICTURES)
     trained, groups = grouping.trained, grouping.groups
     if grouping.header not in ("run", "runs", "rope_scaling"):  # one key: legends name it

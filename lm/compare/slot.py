@@ -9,6 +9,11 @@ and ``--measure SPEC``: once trained, measure the run as the sweep's report will
 and its ``run.json`` records that command. The slot answers each run with its exit status,
 ``{"code": N}``, one line on standard output; what the run says goes to standard error, an
 error in one line. End of input ends the slot; Ctrl-C while it waits, too.
+
+``python -m lm.compare.slot WIDEN_FILE``: on SIGUSR1 the run training now takes the CPU threads
+the file names (cores another job has given back: a run's numbers do not depend on its thread
+count). The slot says ``{"ready": true}`` first, once it hears the signal: before that the
+signal's default would end it.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from lm.compare.measure import measure_job
 from lm.config.errors import LMError, one_line
@@ -41,9 +48,33 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_WIDENED: list[int] = []
+"""The threads the slot was last told to take (by :func:`_widen`), while its job runs."""
+
+
+def _widen_from(path: Path) -> Any:
+    """A SIGUSR1 handler: take the threads ``path`` names (it runs between two of the job's
+    operations, in the thread that starts them)."""
+
+    def widen(signum: int, frame: Any) -> None:
+        import torch
+
+        try:
+            threads = int(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if threads >= 1:
+            torch.set_num_threads(threads)
+            _WIDENED[:] = [threads]
+
+    return widen
+
+
 def train_job(argv: list[str]) -> int:
     """Train (then measure) one run of ``argv``; its exit status, as ``lm train``'s."""
     from lm.training.loop import train
+
+    _WIDENED.clear()
 
     try:
         args = _parser().parse_args(argv)
@@ -54,7 +85,7 @@ def train_job(argv: list[str]) -> int:
         if result.message:
             print(f"lm: {one_line(result.message)}", file=sys.stderr)
         if code == 0 and args.measure is not None:
-            measure_job(out, args.measure)
+            measure_job(out, args.measure, threads=_WIDENED[0] if _WIDENED else None)
         return code
     except SystemExit as e:  # argparse's refusal of the arguments, said on standard error
         return e.code if isinstance(e.code, int) else 2
@@ -77,6 +108,10 @@ def main() -> int:
 
     without_dynamo_import()
     answers = sys.stdout
+    if len(sys.argv) > 1 and hasattr(signal, "SIGUSR1"):  # not on Windows
+        signal.signal(signal.SIGUSR1, _widen_from(Path(sys.argv[1])))
+        answers.write(json.dumps({"ready": True}) + "\n")
+        answers.flush()
     try:
         for line in sys.stdin:
             argv = json.loads(line)

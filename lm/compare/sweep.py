@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lm.compare.auto_jobs import auto_jobs
+from lm.compare.auto_jobs import auto_jobs, step_weights
 from lm.compare.jobs import Job, run_jobs
 from lm.compare.measure import (
     MEASURED,
@@ -291,8 +291,9 @@ def run_sweep(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
     _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
+    weights = None
     if jobs == "auto":
-        jobs = _auto_jobs(configs, device, log)
+        jobs, weights = _auto_jobs(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
     # disturb: one at a time or --jobs N, every run trains the same numbers.
@@ -300,21 +301,35 @@ def run_sweep(
     if measure_device is not None:
         measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
     with choices.fixed():
-        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure)
+        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure, weights)
     return [run_dir for run_dir, _ in plan]
 
 
-def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
+def _auto_jobs(
+    configs: list[Config], device: torch.device, log: Callable[[str], None]
+) -> tuple[int, list[float] | None]:
     """``--jobs auto``: the runs to train at once, decided for the sweep's runs and steps at its
     first config's shape by :func:`lm.compare.auto_jobs.auto_jobs` (its data prepared first:
-    the model's vocabulary is the tokenizer's), and said in one line."""
+    the model's vocabulary is the tokenizer's), and said in one line. Also each run's cost
+    against the first's where the decision timed them (else None): the order to train them in."""
     config = configs[0]
     data = prepare_data(config.data, log=None)
     vocab = data.tokenizer.vocab_size
     sized = config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
     cores = torch.get_num_threads()
     steps = round(sum(c.train.max_steps for c in configs) / len(configs))
-    n, choice = auto_jobs(sized, device, cores, len(configs), steps, batch_width(sized, data))
+    width = batch_width(sized, data)
+    weighed: list[float] = []
+
+    def weigh() -> list[float]:
+        micro = sized.train.batch_size // sized.train.accumulation(1)
+        models = [dataclasses.replace(c.model, vocab_size=vocab) for c in configs]
+        costs = step_weights(models, sized.train, (micro, width))
+        runs = zip(costs, configs, strict=True)
+        weighed[:] = [cost * c.train.max_steps / steps for cost, c in runs]
+        return weighed
+
+    n, choice = auto_jobs(sized, device, cores, len(configs), steps, width, weigh)
     if choice.ms_per_step:
         ms = choice.ms_per_step
         log(
@@ -324,11 +339,13 @@ def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str],
         )
     else:
         log(f"compare: --jobs auto: {n} ({choice.why})")
-    return n
+    return n, (weighed or None)
 
 
 def _said(choice: choices.Choice) -> str:
     """Where ``--jobs auto``'s timings come from, and whether they were kept."""
+    if choice.how == "probed":
+        return "timed now in this process, not kept; a job's start guessed"
     if choice.not_kept:
         return f"measured now, not kept: {choice.not_kept}; the next sweep measures again"
     when = "measured now" if choice.how == "measured" else "measured earlier"
@@ -345,15 +362,18 @@ def _train_plan(
     quiet: bool,
     log: Callable[[str], None],
     measure: str | None = None,
+    weights: list[float] | None = None,
 ) -> None:
     """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
-    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says)."""
+    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says), the
+    costliest first where ``weights`` gives each run's cost."""
     # Here, not above: a report alone never trains, and the trainer's imports (distributed
     # checkpointing among them) take seconds.
     from lm.training.loop import train
 
     waiting = []
-    for (run_dir, keys), config in zip(plan, configs, strict=True):
+    costs = weights or [0.0] * len(plan)
+    for (run_dir, keys), config, cost in zip(plan, configs, costs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             _check_same_config(run_dir, config)
@@ -371,24 +391,26 @@ def _train_plan(
             args = [str(config_path), "--out", str(run_dir), again]
             args += ["--measure", measure] if measure is not None else []
             args += ["--set", *keys]
-            waiting.append((Job(run_dir, args, config.train.max_steps), config))
+            waiting.append((Job(run_dir, args, config.train.max_steps), config, cost))
             continue
         _train_here(train, config, run_dir, checkpoint is not None, quiet)
     if waiting:
         # The first run of each data config makes its tokenizer and ids; here, once, first.
-        for data in {c.data: None for _, c in waiting}:
+        for data in {c.data: None for _, c, _ in waiting}:
             prepare_data(data, log=None if quiet else log)
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         # On CPU the jobs divide the cores, unless the config fixes every run's threads.
         divide = device.type == "cpu" and base.train.threads is None
         cores = torch.get_num_threads() if divide else None
-        configs_of = {job.run_dir: config for job, config in waiting}
+        configs_of = {job.run_dir: config for job, config, _ in waiting}
 
         def here(job: Job) -> None:
             resume = latest_checkpoint(job.run_dir) is not None
             _train_here(train, configs_of[job.run_dir], job.run_dir, resume, quiet)
 
-        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores, here)
+        # The costliest first: a long run left to start last would train alone at the end.
+        ordered = sorted(waiting, key=lambda planned: -planned[2])
+        run_jobs([job for job, _, _ in ordered], jobs, gpus, log, cores, here)
 
 
 def _train_here(

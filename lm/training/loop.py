@@ -518,7 +518,7 @@ def _log_train(
     loss, tok_s = interval["train_loss"], interval["tokens_per_s"]
     # The keys in the order metrics.jsonl has always had them.
     record = {"step": state.step, **_clock(state), "train_loss": loss, "lr": lr, **interval}
-    metrics.write({**record, "rss_mb": resident_mb()})
+    metrics.write({**record, "rss_mb": resident_mb(), **state.threads_changed()})
     shown = "skipped" if loss is None else f"{loss:.4f}"
     bar.set_postfix(loss=shown, lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
 

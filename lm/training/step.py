@@ -124,6 +124,7 @@ class LoopState:
     started: float = 0.0  # time.perf_counter() when this sitting's loop began
     interval_started: float = 0.0
     interval_tokens: int = 0  # target tokens of this sitting's part of the interval
+    threads: int = 0  # the CPU threads the math ran on when last logged (run.json: at the start)
 
     @classmethod
     def from_checkpoint(cls, saved: dict[str, Any], device: torch.device) -> LoopState:
@@ -170,6 +171,16 @@ class LoopState:
 
     def start_sitting(self) -> None:
         self.started = self.interval_started = time.perf_counter()
+        self.threads = torch.get_num_threads()
+
+    def threads_changed(self) -> dict[str, int]:
+        """``{"threads": n}`` where the run now computes on another count of CPU threads than
+        when last logged (a sweep gave its job the cores another gave back), else nothing."""
+        now = torch.get_num_threads()
+        if now == self.threads:
+            return {}
+        self.threads = now
+        return {"threads": now}
 
     def elapsed_s(self) -> float:
         return self.elapsed_before + (time.perf_counter() - self.started)

@@ -46,7 +46,7 @@ from lm.model.plan import build_plan
 from lm.model.transformer import TransformerLM
 from lm.runtime import choices
 from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
-from lm.training.optim import build_optimizer
+from lm.training.optim import build_optimizer, step_unless_nonfinite
 
 BF16_MARGIN = 0.95
 """bf16 is kept where its step takes at most this fraction of fp32's."""
@@ -244,9 +244,10 @@ def training_step(
 ) -> Callable[[torch.dtype], None]:
     """A forward, loss and backward pass of a fresh model of this shape on random tokens
     (``micro`` rows of ``width`` positions, default the context), in the given autocast dtype:
-    what the measured choices time; with ``train``, its optimizer's step too. The random number
-    generators are left as they were: a run's own initialisation and batches do not depend on
-    whether this ran."""
+    what the measured choices time; with ``train``, the rest of the trainer's step too (the
+    gradients clipped, the skip test, the optimizer's step: :meth:`Stepper.update`). The random
+    number generators are left as they were: a run's own initialisation and batches do not
+    depend on whether this ran."""
     width = model.context_length if width is None else width
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -255,12 +256,17 @@ def training_step(
     inputs, targets = ids[:, :-1], ids[:, 1:]
     optimizer = build_optimizer(net, train, torch.device("cpu")) if train is not None else None
 
+    params = [p for p in net.parameters() if p.requires_grad]
+    clip = train.grad_clip if train is not None and train.grad_clip > 0 else float("inf")
+
     def step(dtype: torch.dtype = torch.float32) -> None:
         with autocast_context(torch.device("cpu"), dtype):
             logits = net(inputs)
-        F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss.backward()
         if optimizer is not None:
-            optimizer.step()
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+            step_unless_nonfinite(optimizer, torch.isfinite(norm) & torch.isfinite(loss))
         net.zero_grad(set_to_none=True)
 
     return step
