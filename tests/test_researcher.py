@@ -472,11 +472,11 @@ def test_jobs_auto_runs_a_sweep_too_short_to_pay_for_measuring_one_at_a_time(mon
     sbs, calls = _fake_pool(monkeypatch, one=0.020, together=0.008, start=1.0)
     n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
     # Decided from this process's steps alone (on both cores, on one thread: 16 ms), with a
-    # job's start guessed: 3 s + 300 x 16 ms for two runs, then the third alone, 6 s: 14 s.
+    # job's start guessed: 2.5 s + 300 x 16 ms for two runs, then the third alone, 6 s: 13 s.
     assert (n, choice.how, calls) == (2, "probed", ["probe"])  # no pool measured
     assert choice.ms_per_step == {"1": 20.0, "2": 8.0, "start": 1000 * sbs.START_GUESS_S}
     assert choice.why == (
-        "3 runs of 300 steps: about 14 s 2 at a time, 18 s one at a time; side by side timed "
+        "3 runs of 300 steps: about 13 s 2 at a time, 18 s one at a time; side by side timed "
         "in this process only: measuring it in 2 processes (about 6 s) would not pay"
     )
     assert not choices.read()  # nothing measured, nothing kept

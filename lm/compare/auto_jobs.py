@@ -6,13 +6,13 @@ each job is a process of its own, which pays its start (imports, its first step)
 at a time trains in lm compare's own process. So ``auto`` times the sweep's own training step
 (its optimizer's, clipping's and skip test's included), on this machine, in this process: a step
 on every core, and a step on one thread. Runs of a sweep differ (CoPE's step costs three of
-RoPE's), so where side by side may pay, each other model of the sweep is timed on one thread
-too: what orders the runs (the longest first, so that no long run is left alone at the end) and
-weighs them in the prediction. From these :func:`predict` plays the whole sweep both ways: one
-at a time on every core, and side by side in one-thread jobs that start once and, when no run
-waits, share the cores the finished ones gave back (:mod:`lm.compare.jobs`), the last run alone
-in lm compare's process. ``auto`` takes one job per core where that comes at most ``GAIN`` of
-one at a time, else one job.
+RoPE's), so each other model of the sweep is timed on one thread too, where that costs at most
+``WEIGH_SHARE`` of the sweep: what orders the runs (the longest first, so that no long run is
+left alone at the end) and weighs them in the prediction. From these :func:`predict` plays the
+whole sweep both ways: one at a time on every core, and side by side in one-thread jobs that
+start once and, when no run waits, share the cores the finished ones gave back
+(:mod:`lm.compare.jobs`), the last run alone in lm compare's process. ``auto`` takes one job
+per core where that comes at most ``GAIN`` of one at a time, else one job.
 
 What this process cannot see is how much jobs side by side slow each other (memory bandwidth):
 there it assumes none. A sweep long enough to pay for it measures that too, where nothing is
@@ -54,11 +54,14 @@ WINDOW_S = 1.5
 MIN_STEPS = 3
 """Steps each measurement times at least (a big model's step may take longer than the window)."""
 
+WEIGH_SHARE = 0.02
+"""The share of a sweep's time one at a time that timing its other models may take."""
+
 MEASURE_SHARE = 0.1
 """A sweep with nothing kept measures only where the measurement's cost is at most this share
 of its time one at a time; at most ``1 - GAIN``, what side by side must save to be taken."""
 
-START_GUESS_S = 3.0
+START_GUESS_S = 2.5
 """A job's start (a process importing torch and building its model) as guessed before any is
 timed: part of the measurement's cost, whose side-by-side half starts one process per core, and
 of side by side where it is not measured and this machine has kept no other shape's."""
@@ -75,13 +78,14 @@ def auto_jobs(
     runs: int = 2,
     steps: int | None = None,
     width: int | None = None,
-    weigh: Callable[[], Sequence[float]] | None = None,
+    weigh: Callable[[float, float], Sequence[float]] | None = None,
 ) -> tuple[int, choices.Choice]:
     """How many of ``runs`` runs of ``config``'s shape (``steps`` each; default the config's)
     to train at once, and how that was decided. ``width``: the positions of a training step's
     rows (default the context; a padded run's batches are as wide as their longest row).
-    ``weigh``: each run's cost against one run of ``config`` (its steps and its model's step),
-    called only where side by side may pay (it times the sweep's other models)."""
+    ``weigh(seconds, step)``: each run's cost against one run of ``config`` (its steps and its
+    model's step), timing the sweep's other models in at most ``seconds`` (``step``: the
+    config's own step on one thread)."""
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
@@ -114,7 +118,7 @@ def auto_jobs(
         every, one = _probe(m, t, batch, cores)
         # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
         probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
-        weights = _weighed(probed, cores, steps, runs, weigh)
+        weights = _weighed(one, runs * steps * every, runs, weigh)
         pays, _, cost = worth_measuring(every, cores, runs, steps, weights)
         if not pays:
             note = (
@@ -127,24 +131,24 @@ def auto_jobs(
         cpus_used=cores,
     )  # fmt: skip
     if weights is None:
-        weights = _weighed(chosen.ms_per_step, cores, steps, runs, weigh)
+        ms = chosen.ms_per_step
+        one = ms[str(cores)] * cores / 1000
+        weights = _weighed(one, runs * steps * ms["1"] / 1000, runs, weigh)
     return _decide(chosen, cores, steps, weights)
 
 
 def _weighed(
-    ms: dict[str, float],
-    cores: int,
-    steps: int,
+    step_s: float,
+    alone: float,
     runs: int,
-    weigh: Callable[[], Sequence[float]] | None,
+    weigh: Callable[[float, float], Sequence[float]] | None,
 ) -> list[float]:
-    """The runs' weights from ``weigh`` where side by side may pay were every run alike, else
-    all alike (1)."""
-    alike = [1.0] * runs
+    """The runs' weights from ``weigh``, given ``WEIGH_SHARE`` of the sweep's time one at a time
+    (``alone``) to time its other models in and the first's step on one thread (``step_s``);
+    all alike (1) without it."""
     if weigh is None:
-        return alike
-    alone, together = predict(ms, cores, runs, steps, alike)
-    return list(weigh()) if together <= GAIN * alone else alike
+        return [1.0] * runs
+    return list(weigh(WEIGH_SHARE * alone, step_s))
 
 
 def _decide(
@@ -316,12 +320,16 @@ def _probe(
 
 
 def step_weights(
-    models: Sequence[ModelConfig], train: TrainConfig, batch: tuple[int, int]
+    models: Sequence[ModelConfig],
+    train: TrainConfig,
+    batch: tuple[int, int],
+    first: float | None = None,
 ) -> list[float]:
     """Each model's training step on one thread against the first's (each distinct model timed
-    once, after a warm-up step): the cost of a sweep's runs against one another."""
+    once, after a warm-up step; ``first``: the first's seconds where already known): the cost
+    of a sweep's runs against one another."""
     before = torch.get_num_threads()
-    seconds: dict[str, float] = {}
+    seconds: dict[str, float] = {} if first is None else {repr(models[0]): first}
     try:
         torch.set_num_threads(1)
         for model in models:
@@ -332,8 +340,7 @@ def step_weights(
                 seconds[shape] = _timed(step)
     finally:
         torch.set_num_threads(before)
-    first = seconds[repr(models[0])]
-    return [seconds[repr(model)] / first for model in models]
+    return [seconds[repr(model)] / seconds[repr(models[0])] for model in models]
 
 
 def _timed(step: Callable[[], object], times: int = 2) -> float:

@@ -321,12 +321,17 @@ def _auto_jobs(
     width = batch_width(sized, data)
     weighed: list[float] = []
 
-    def weigh() -> list[float]:
-        micro = sized.train.batch_size // sized.train.accumulation(1)
+    def weigh(seconds: float, step: float) -> list[float]:
+        """Each run's steps against the mean, times its model's step against the first's where
+        timing the other models takes at most ``seconds`` (a step each: ``step``, and two more
+        for its warm-up and build)."""
+        weighed[:] = [c.train.max_steps / steps for c in configs]
         models = [dataclasses.replace(c.model, vocab_size=vocab) for c in configs]
-        costs = step_weights(models, sized.train, (micro, width))
-        runs = zip(costs, configs, strict=True)
-        weighed[:] = [cost * c.train.max_steps / steps for cost, c in runs]
+        others = len({repr(m) for m in models}) - 1
+        if others and 3 * others * step <= seconds:
+            micro = sized.train.batch_size // sized.train.accumulation(1)
+            costs = step_weights(models, sized.train, (micro, width), first=step)
+            weighed[:] = [w * cost for w, cost in zip(weighed, costs, strict=True)]
         return weighed
 
     n, choice = auto_jobs(sized, device, cores, len(configs), steps, width, weigh)
@@ -339,7 +344,7 @@ def _auto_jobs(
         )
     else:
         log(f"compare: --jobs auto: {n} ({choice.why})")
-    return n, (weighed or None)
+    return n, (weighed if len(set(weighed)) > 1 else None)
 
 
 def _said(choice: choices.Choice) -> str:
