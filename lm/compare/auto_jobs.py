@@ -115,15 +115,21 @@ def auto_jobs(
     weights = None
     chosen = choices.cached("compare.jobs", context, candidates)
     if chosen is None:
-        every, one = _probe(m, t, batch, cores)
+        # Kept too: a machine times each shape's step once.
+        timed = choices.choose(
+            "compare.probe", context, {"probe": _probe}, lambda ms: "probe",
+            measure=lambda _: _probe_ms(m, t, batch, cores), cpus_used=cores,
+        )  # fmt: skip
+        every, one = timed.ms_per_step["every"] / 1000, timed.ms_per_step["one"] / 1000
         # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
         probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
         weights = _weighed(one, runs * steps * every, runs, weigh)
         pays, _, cost = worth_measuring(every, cores, runs, steps, weights)
         if not pays:
+            when = "now" if timed.how == "measured" else "earlier"
             note = (
-                f"; side by side timed in this process only: measuring it in {cores} processes "
-                f"(about {cost:.0f} s) would not pay"
+                f"; side by side timed in this process only ({when}): measuring it in {cores} "
+                f"processes (about {cost:.0f} s) would not pay"
             )
             return _decide(choices.Choice("1", "probed", probed), cores, steps, weights, note)
     chosen = choices.choose(
@@ -317,6 +323,14 @@ def _probe(
         return every, _timed(step)
     finally:
         torch.set_num_threads(before)
+
+
+def _probe_ms(
+    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int
+) -> dict[str, float]:
+    """:func:`_probe`'s two steps in milliseconds, as the cache keeps them."""
+    every, one = _probe(model, train, batch, cores)
+    return {"every": round(1000 * every, 3), "one": round(1000 * one, 3)}
 
 
 def step_weights(

@@ -350,7 +350,10 @@ def _auto_jobs(
 def _said(choice: choices.Choice) -> str:
     """Where ``--jobs auto``'s timings come from, and whether they were kept."""
     if choice.how == "probed":
-        return "timed now in this process, not kept; a job's start guessed"
+        return (
+            "side by side not measured, a job's start as this machine measured it for other "
+            f"shapes (else guessed); the steps kept in {choices.cache_file()}"
+        )
     if choice.not_kept:
         return f"measured now, not kept: {choice.not_kept}; the next sweep measures again"
     when = "measured now" if choice.how == "measured" else "measured earlier"

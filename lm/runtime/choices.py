@@ -280,7 +280,8 @@ def rows(entries: dict[str, dict[str, Any]]) -> list[str]:
     for what, f, kept in zip(whats, flat, entries.values(), strict=True):
         timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
         # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
-        value = "each sweep from" if what["kind"] == "compare.jobs" else kept["value"]
+        jobs = what["kind"] in ("compare.jobs", "compare.probe")
+        value = "each sweep from" if jobs else kept["value"]
         shape = [f"{k}={f.get('model.' + k)}" for k in SHOWN]
         shape[2] = shape[2].replace("context_length", "context")
         usual = ("micro_batch", "width", "cores") if "cores" in f else ("micro_batch", "threads")
