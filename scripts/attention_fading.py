@@ -9,79 +9,107 @@ compares the queries that see at most C keys (positions C/2 .. C-1) with those t
 (the last eighth): their mean attention entropy in nats, and the weight the far queries put on
 keys further back than C (where no trained query ever looked).
 
-    python scripts/attention_fading.py runs/schemes/position=rope/seed1 \\
-        "runs/schemes/position=rope, normalize=ssmax/seed1" --windows 4
+    python scripts/attention_fading.py runs/fading --table docs/extrapolation/fading/fading.md
 
 Every number is the model's own (``lm.explorer.maps.attention_maps``, the explicit formula with
-the run's normalization), averaged over the windows, layers and heads, and printed as a
-Markdown table.
+the run's normalization), averaged over the windows, layers and heads; a sweep's seeds of one
+setting make one row, mean ± std over them, printed as a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from lm.api import load
+from lm.compare.sweep import find_runs
 from lm.config.errors import LMError
 from lm.data.sources import prepare_data
 from lm.explorer.maps import attention_maps
 
 
+def measure(maps: np.ndarray, context: int) -> tuple[float, float, float]:
+    """Of attention maps ``[..., T, T]`` over one window: the mean entropy in nats of the
+    queries that see at most ``context`` keys (positions ``context/2 .. context-1``), that of
+    the last ``context`` queries, and the weight those put on keys further back than
+    ``context - 1`` (distances no trained query had)."""
+    length = maps.shape[-1]
+    safe = np.where(maps > 0, maps, 1.0)
+    rows = -(maps * np.log(safe)).sum(-1)  # (..., T): each query's entropy
+    queries, keys = np.arange(length - context, length), np.arange(length)
+    past = keys[None, :] <= queries[:, None] - context  # distance q - k of context or more
+    beyond = (maps[..., length - context :, :] * past).sum(-1)
+    return (
+        float(rows[..., context // 2 : context].mean()),
+        float(rows[..., length - context :].mean()),
+        float(beyond.mean()),
+    )
+
+
 def fading(run_dir: str, factor: int, windows: int) -> dict[str, float]:
-    """A run's mean entropies near and far, and its far queries' weight past the context."""
+    """A run's mean entropies near and far, and its far queries' weight past the context, over
+    ``windows`` validation windows of ``factor`` contexts."""
     run = load(run_dir, device="cpu")
     context = run.config.model.context_length
     length = factor * context
     tokens = prepare_data(run.config.data, log=None).val.tokens
     if len(tokens) < windows * length:
         raise LMError(f"{run_dir}: the validation split holds fewer than {windows} windows")
-    near, far, beyond = [], [], []
-    for w in range(windows):
-        ids = [int(t) for t in tokens[w * length : (w + 1) * length]]
-        maps = attention_maps(run.model, ids)  # (layers, heads, T, T)
-        safe = np.where(maps > 0, maps, 1.0)
-        rows = -(maps * np.log(safe)).sum(-1)  # (layers, heads, T): each query's entropy
-        near.append(rows[..., context // 2 : context].mean())
-        far.append(rows[..., length - context :].mean())
-        queries = np.arange(length - context, length)
-        keys = np.arange(length)
-        past = keys[None, :] < (queries[:, None] - context + 1)  # further back than C
-        beyond.append((maps[..., length - context :, :] * past).sum(-1).mean())
-    return {
-        "near": float(np.mean(near)),
-        "far": float(np.mean(far)),
-        "beyond": float(np.mean(beyond)),
-        "context": context,
-    }
+    found = [
+        measure(attention_maps(run.model, [int(t) for t in tokens[w * length : (w + 1) * length]]),
+                context)
+        for w in range(windows)
+    ]  # fmt: skip
+    near, far, beyond = (float(np.mean(values)) for values in zip(*found, strict=True))
+    return {"near": near, "far": far, "beyond": beyond}
+
+
+def _cell(values: list[float], signed: bool = False) -> str:
+    """Mean ± std over seeds (the mean alone for one run)."""
+    mean = statistics.mean(values)
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return f"{text} ± {statistics.stdev(values):.3f}" if len(values) > 1 else text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+")
+    parser.add_argument("runs", nargs="+", help="runs, or folders of runs (a sweep's --out)")
     parser.add_argument("--factor", type=int, default=8, help="windows this many contexts long")
     parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--table", help="also write the table to this file")
     args = parser.parse_args()
     if args.factor < 2 or args.windows < 1:
         sys.exit("attention_fading.py: --factor must be at least 2 and --windows at least 1")
+    try:
+        runs = find_runs(args.runs)
+        groups: dict[str, list[dict[str, float]]] = {}
+        for run in runs:  # a sweep's seeds of one setting are one row
+            name = run.parent.name if run.name.startswith("seed") else str(run)
+            groups.setdefault(name, []).append(fading(str(run), args.factor, args.windows))
+    except LMError as e:
+        sys.exit(f"attention_fading.py: {e}")
     even = np.log(args.factor)
-    print(
-        f"| run | entropy, queries seeing at most C keys | entropy, queries seeing "
+    lines = [
+        f"| runs | seeds | entropy, queries seeing at most C keys | entropy, queries seeing "
         f"{args.factor - 1}C-{args.factor}C keys | gain (an even spread gains {even:.2f}) | "
-        f"far queries' weight further back than C |"
-    )
-    print("|---|---:|---:|---:|---:|")
-    for run in args.runs:
-        try:
-            f = fading(run, args.factor, args.windows)
-        except LMError as e:
-            sys.exit(f"attention_fading.py: {e}")
-        print(
-            f"| {run} | {f['near']:.3f} | {f['far']:.3f} | {f['far'] - f['near']:+.3f} | "
-            f"{f['beyond']:.3f} |"
+        f"far queries' weight further back than C |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, found in groups.items():
+        near, far = [f["near"] for f in found], [f["far"] for f in found]
+        gain = [b - a for a, b in zip(near, far, strict=True)]
+        lines.append(
+            f"| {name} | {len(found)} | {_cell(near)} | {_cell(far)} | {_cell(gain, True)} | "
+            f"{_cell([f['beyond'] for f in found])} |"
         )
+    print("\n".join(lines))
+    if args.table:
+        Path(args.table).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.table).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,19 @@ EXPERIMENTS = (
         ),
     ),
     Experiment(
+        "fading",
+        "extrapolation/fading",
+        "6",
+        (
+            "lm compare configs/extrapolation.yaml --vary model.position=rope,"
+            "rope+model.normalize=ssmax,none,none+model.normalize=ssmax --set "
+            "train.batch_size=16 --seeds 1,2,3 --eval-lengths 1x,8x --jobs auto --out runs/fading",
+            "python scripts/attention_fading.py runs/fading "
+            "--table docs/extrapolation/fading/fading.md",
+        ),
+        report="runs/fading",
+    ),
+    Experiment(
         "extensions",
         "extrapolation/extensions",
         "12-14",

@@ -199,3 +199,25 @@ def test_decode_kv_rows_measure_cache_bytes_falling_by_the_group_size(bench):
     assert full == 2 * 2 * 4 * 24 * 8 * 4  # keys and values, layers, heads, slots, d_k, fp32
     assert [full // r["cache_bytes"] for r in rows] == [1, 2, 4]
     assert all(r["kv_cache_tokens_per_s"] > 0 for r in rows)
+
+
+def test_attention_fading_measures_an_even_spread_as_ln_n_and_its_far_weight():
+    """scripts/attention_fading.py on causal maps that spread every query evenly over the keys
+    it may read: entropy ln(l + 1) at query l, and the share of keys further back than C."""
+    path = BENCH.parent / "attention_fading.py"
+    spec = importlib.util.spec_from_file_location("attention_fading", path)
+    fading = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fading)
+    C, T = 8, 64
+    even = torch.tril(torch.ones(T, T)).double()
+    maps = (even / even.sum(-1, keepdim=True)).numpy()[None, None]  # (layer, head, T, T)
+    near, far, beyond = fading.measure(maps, C)
+    ln = torch.log(torch.arange(1, T + 1).double())
+    assert near == pytest.approx(float(ln[C // 2 : C].mean()))
+    assert far == pytest.approx(float(ln[T - C :].mean()))
+    # Query l reads l + 1 keys, of which l - C + 1 lie C or more back.
+    shares = [(q - C + 1) / (q + 1) for q in range(T - C, T)]
+    assert beyond == pytest.approx(sum(shares) / C)
+    # A query that reads only itself: nothing spreads, nothing lies far back.
+    eye = torch.eye(T).double().numpy()[None, None]
+    assert fading.measure(eye, C) == (0.0, 0.0, 0.0)
