@@ -174,7 +174,10 @@ EXPERIMENTS = (
         "flipflop",
         "lengthgen/flipflop",
         "18-20, 23",
-        (f"{FLIPFLOP} --vary model.position={FLIPFLOP_SCHEMES} --out runs/flipflop",),
+        (
+            "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs auto "
+            f"--vary model.position={FLIPFLOP_SCHEMES} --out runs/flipflop",
+        ),
     ),
     Experiment(
         "flipflop-llama",

@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _WIDENED: list[int] = []
-"""The threads the slot was last told to take (by :func:`_widen`), while its job runs."""
+"""The threads the slot was last told to take (by :func:`_widen_from`'s handler) in this job."""
 
 
 def _widen_from(path: Path) -> Any:
