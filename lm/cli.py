@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs trained at once, in processes of their own (default 1): on CPU the cores are "
         "divided between them (train.threads), on GPUs they go round-robin over the devices; "
         "auto: one per core where the sweep, predicted from its steps as timed here, takes at "
-        "most 0.9 of one at a time, else 1 (one per GPU; 1 unmeasured if too short to pay)",
+        "most 0.9 of one at a time, else 1 (one per GPU); the costliest runs start first, and "
+        "runs left training take the cores finished ones give back",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
 
