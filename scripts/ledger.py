@@ -73,7 +73,7 @@ EXPERIMENTS = (
         "1-7, 17",
         (
             f"{EXTRAPOLATION} --vary model.position={EVERY_SCHEME} --set train.batch_size=16 "
-            "--jobs 2 --out runs/schemes",
+            "--jobs auto --out runs/schemes",
         ),
     ),
     Experiment(
