@@ -124,7 +124,7 @@ def auto_jobs(
         # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
         probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
         weights = _weighed(one, runs * steps * every, runs, weigh)
-        pays, _, cost = worth_measuring(every, cores, runs, steps, weights)
+        pays, cost = measuring_pays(every, cores, steps, weights)
         if not pays:
             when = "now" if timed.how == "measured" else "earlier"
             note = (
@@ -175,13 +175,11 @@ def _decide(
 def _start() -> float:
     """A job's start in seconds, as this machine's kept measurements of other shapes found it
     (their median: importing and a first step vary little with the model), else guessed."""
-    cpu = choices.cpu_name()
+    mine = {"kind": "compare.jobs", "cpu": choices.cpu_name()}
     starts = [
         entry["ms_per_step"]["start"] / 1000
         for k, entry in choices.read().items()
-        if '"kind": "compare.jobs"' in k
-        and json.loads(k).get("cpu") == cpu
-        and "start" in entry.get("ms_per_step", {})
+        if mine.items() <= json.loads(k).items() and "start" in entry.get("ms_per_step", {})
     ]
     return statistics.median(starts) if starts else START_GUESS_S
 
@@ -195,15 +193,14 @@ def measuring_cost(step_s: float, cores: int) -> float:
     return one + START_GUESS_S + lot + max(WINDOW_S, MIN_STEPS * lot)
 
 
-def worth_measuring(
-    step_s: float, cores: int, runs: int, steps: int, weights: Sequence[float] | None = None
-) -> tuple[bool, float, float]:
-    """Whether a sweep of ``runs`` runs of ``steps`` steps (each weighed by ``weights``), a step
-    ``step_s`` on every core, pays for measuring side by side: the measurement's cost at most
-    ``MEASURE_SHARE`` of its time one at a time. Also those two times, in seconds."""
-    total = sum(weights) if weights is not None else runs
-    alone, cost = total * steps * step_s, measuring_cost(step_s, cores)
-    return cost <= MEASURE_SHARE * alone, alone, cost
+def measuring_pays(
+    step_s: float, cores: int, steps: int, weights: Sequence[float]
+) -> tuple[bool, float]:
+    """Whether a sweep of runs of ``steps`` steps, each weighed by ``weights``, a step ``step_s``
+    on every core, pays for measuring side by side: the measurement's cost at most
+    ``MEASURE_SHARE`` of its time one at a time. Also that cost, in seconds."""
+    cost = measuring_cost(step_s, cores)
+    return cost <= MEASURE_SHARE * sum(weights) * steps * step_s, cost
 
 
 def predict(
