@@ -48,7 +48,7 @@ ADDITION_BUDGET = (
     "data.task_lengths=1-5 data.task_eval_lengths=1-12 model.n_layer=4 model.d_model=128 "
     "train.max_steps=6000 train.lr=1e-3"
 )
-FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs 2"
+FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs auto"
 FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
 
 
@@ -104,7 +104,7 @@ EXPERIMENTS = (
         "12-14",
         (
             f"{EXTRAPOLATION} --vary model.position=rope,alibi,sinusoidal,learned,none "
-            "--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4 --out runs/extrapolation",
+            "--vary eval.rope_scaling=none,pi:4,ntk:4,yarn:4 --jobs auto --out runs/extrapolation",
         ),
     ),
     Experiment(
@@ -133,7 +133,7 @@ EXPERIMENTS = (
         "6",
         (
             f"{EXTRAPOLATION} --vary model.position={EVERY_SCHEME} "
-            f"--set train.batch_size=16 {LLAMA} --jobs 2 --out runs/llama-schemes",
+            f"--set train.batch_size=16 {LLAMA} --jobs auto --out runs/llama-schemes",
         ),
     ),
     Experiment(
@@ -142,9 +142,9 @@ EXPERIMENTS = (
         "8, 9, 11",
         (
             f"{EXTRAPOLATION} --vary model.position=pope,fope,hope,dape,path "
-            "--set train.batch_size=16 --jobs 2 --out runs/new-schemes",
+            "--set train.batch_size=16 --jobs auto --out runs/new-schemes",
             f"{EXTRAPOLATION} --vary model.position=kerple,dape+model.dape_bias=alibi "
-            "--set train.batch_size=16 --jobs 2 --out runs/dape-controls",
+            "--set train.batch_size=16 --jobs auto --out runs/dape-controls",
             "lm compare runs/new-schemes runs/dape-controls --eval-lengths 1x,1.5x,2x,3x,4x,8x "
             "--out runs/rethought",
         ),
@@ -155,7 +155,7 @@ EXPERIMENTS = (
         "9, 10",
         (
             f"{EXTRAPOLATION} --vary model.position=rope,fope,hope "
-            "--set train.batch_size=16 model.rope_base=40 --jobs 2 --out runs/base40",
+            "--set train.batch_size=16 model.rope_base=40 --jobs auto --out runs/base40",
         ),
     ),
     Experiment(
@@ -164,9 +164,9 @@ EXPERIMENTS = (
         "22-24",
         (
             "lm compare configs/copy.yaml --vary model.position=rope,alibi,none,t5,kerple,fire "
-            "--seeds 1,2,3 --jobs 2 --out runs/copy",
+            "--seeds 1,2,3 --jobs auto --out runs/copy",
             "lm compare configs/copy.yaml --vary model.position=rope,alibi,t5,kerple,fire "
-            "--set model.random_positions=64 --seeds 1,2,3 --jobs 2 --out runs/copy-random",
+            "--set model.random_positions=64 --seeds 1,2,3 --jobs auto --out runs/copy-random",
             "lm compare runs/copy runs/copy-random --out runs/lengthgen",
         ),
     ),
@@ -208,7 +208,7 @@ EXPERIMENTS = (
         "lengthgen/flipflop-path-more",
         "21",
         (
-            "lm compare configs/flipflop.yaml --vary model.position=path --seeds 4,5,6 --jobs 2 "
+            "lm compare configs/flipflop.yaml --vary model.position=path --seeds 4,5,6 --jobs auto "
             "--out runs/flipflop-path-more",
         ),
     ),
@@ -227,7 +227,7 @@ EXPERIMENTS = (
         "25",
         (
             "lm compare configs/indexing.yaml --vary model.position=rope,pope --seeds 1,2,3 "
-            "--jobs 2 --out runs/indexing-pope",
+            "--jobs auto --out runs/indexing-pope",
         ),
     ),
     Experiment(
