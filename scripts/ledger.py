@@ -5,7 +5,7 @@ and a row of docs/claims/RUN.md saying where, when, at which commit and in what 
 ran.
 
     python scripts/ledger.py --list              # the experiments, their rows and commands
-    python scripts/ledger.py                     # every experiment (about 3 hours on 2 cores)
+    python scripts/ledger.py                     # every experiment (about 3.5 hours on 2 cores)
     python scripts/ledger.py counting mqar       # the named ones
 
 Run it from the repository root with ``lm`` installed, alone on the machine: the wall times go
@@ -228,6 +228,16 @@ EXPERIMENTS = (
         (
             "lm compare configs/indexing.yaml --vary model.position=rope,pope --seeds 1,2,3 "
             "--jobs auto --out runs/indexing-pope",
+        ),
+    ),
+    Experiment(
+        "indexing-pope-big",
+        "tasks/indexing-pope-big",
+        "25",
+        (
+            "lm compare configs/indexing.yaml --vary model.position=rope,pope --seeds 1,2,3 "
+            "--set model.n_layer=4 model.d_model=128 train.max_steps=5000 --jobs auto "
+            "--out runs/indexing-pope-big",
         ),
     ),
     Experiment(
