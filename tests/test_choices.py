@@ -434,3 +434,29 @@ def test_jobs_auto_weighs_each_model_of_a_sweep_once_against_the_first():
     assert weights[0] == weights[2] == 1.0  # the same model: one timing, read twice
     assert weights[1] > 0 and weights[1] != 1.0
     assert torch.get_num_threads() == before  # timed on one thread, then given back
+
+
+def test_jobs_auto_weighs_against_a_step_timed_alone_never_one_timed_beside_other_jobs(
+    monkeypatch,
+):
+    # The other models are timed alone in this process. The first's step may stand for its
+    # timing only where it was timed so too (the in-process probe); a kept measurement of jobs
+    # side by side gives a step slowed by the other jobs, which would weigh the others too light.
+    import lm.compare.auto_jobs as sbs
+
+    cfg = tiny_config(model={"vocab_size": 40})
+    device = torch.device("cpu")
+    monkeypatch.setenv("LM_TUNE", "on")
+    monkeypatch.setattr(sbs, "_one", lambda m, t, micro, cores: (0.020, None))
+    monkeypatch.setattr(sbs, "_together", lambda m, t, micro, cores: (0.015, 1.0))
+    monkeypatch.setattr(sbs, "_probe", lambda m, t, micro, cores: (0.020, 0.025))
+    calls = []
+
+    def weigh(seconds, step, alone):
+        calls.append((step, alone))
+        return [1.0] * 4
+
+    sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000, weigh=weigh)  # probed, then measured
+    sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000, weigh=weigh)  # the measurement kept
+    assert calls[0] == (pytest.approx(0.025), True)  # the probe's one-thread step, alone
+    assert calls[1] == (pytest.approx(0.030), False)  # 2 x 15 ms: a step beside another job

@@ -78,14 +78,16 @@ def auto_jobs(
     runs: int = 2,
     steps: int | None = None,
     width: int | None = None,
-    weigh: Callable[[float, float], Sequence[float]] | None = None,
+    weigh: Callable[[float, float, bool], Sequence[float]] | None = None,
 ) -> tuple[int, choices.Choice]:
     """How many of ``runs`` runs of ``config``'s shape (``steps`` each; default the config's)
     to train at once, and how that was decided. ``width``: the positions of a training step's
     rows (default the context; a padded run's batches are as wide as their longest row).
-    ``weigh(seconds, step)``: each run's cost against one run of ``config`` (its steps and its
-    model's step), timing the sweep's other models in at most ``seconds`` (``step``: the
-    config's own step on one thread)."""
+    ``weigh(seconds, step, alone)``: each run's cost against one run of ``config`` (its steps
+    and its model's step), timing the sweep's other models in at most ``seconds`` (``step``:
+    the config's own step on one thread; ``alone``: whether it was timed alone in this
+    process, as the others will be. A step timed beside other jobs is slower and would weigh
+    the others too light, so then the config's model is timed again with them)."""
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
@@ -123,7 +125,7 @@ def auto_jobs(
         every, one = timed.ms_per_step["every"] / 1000, timed.ms_per_step["one"] / 1000
         # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
         probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
-        weights = _weighed(one, runs * steps * every, runs, weigh)
+        weights = _weighed(one, runs * steps * every, runs, weigh, alone=True)
         pays, cost = measuring_pays(every, cores, steps, weights)
         if not pays:
             when = "now" if timed.how == "measured" else "earlier"
@@ -139,22 +141,23 @@ def auto_jobs(
     if weights is None:
         ms = chosen.ms_per_step
         one = ms[str(cores)] * cores / 1000
-        weights = _weighed(one, runs * steps * ms["1"] / 1000, runs, weigh)
+        weights = _weighed(one, runs * steps * ms["1"] / 1000, runs, weigh, alone=False)
     return _decide(chosen, cores, steps, weights)
 
 
 def _weighed(
     step_s: float,
-    alone: float,
+    sweep_s: float,
     runs: int,
-    weigh: Callable[[float, float], Sequence[float]] | None,
+    weigh: Callable[[float, float, bool], Sequence[float]] | None,
+    alone: bool,
 ) -> list[float]:
     """The runs' weights from ``weigh``, given ``WEIGH_SHARE`` of the sweep's time one at a time
-    (``alone``) to time its other models in and the first's step on one thread (``step_s``);
-    all alike (1) without it."""
+    (``sweep_s``) to time its other models in and the first's step on one thread (``step_s``,
+    ``alone``: timed alone in this process); all alike (1) without it."""
     if weigh is None:
         return [1.0] * runs
-    return list(weigh(WEIGH_SHARE * alone, step_s))
+    return list(weigh(WEIGH_SHARE * sweep_s, step_s, alone))
 
 
 def _decide(

@@ -321,16 +321,17 @@ def _auto_jobs(
     width = batch_width(sized, data)
     weighed: list[float] = []
 
-    def weigh(seconds: float, step: float) -> list[float]:
+    def weigh(seconds: float, step: float, alone: bool) -> list[float]:
         """Each run's steps against the mean, times its model's step against the first's where
         timing the other models takes at most ``seconds`` (a step each: ``step``, and two more
-        for its warm-up and build)."""
+        for its warm-up and build); the first's too unless ``step`` was timed alone."""
         weighed[:] = [c.train.max_steps / steps for c in configs]
         models = [dataclasses.replace(c.model, vocab_size=vocab) for c in configs]
         others = len({repr(m) for m in models}) - 1
-        if others and 3 * others * step <= seconds:
+        if others and 3 * (others + (not alone)) * step <= seconds:
             micro = sized.train.batch_size // sized.train.accumulation(1)
-            costs = step_weights(models, sized.train, (micro, width), first=step)
+            first = step if alone else None
+            costs = step_weights(models, sized.train, (micro, width), first=first)
             weighed[:] = [w * cost for w, cost in zip(weighed, costs, strict=True)]
         return weighed
 
