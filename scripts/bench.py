@@ -11,6 +11,8 @@
     python scripts/bench.py --shapes main --dtypes fp32 --positions learned,rope --steps 200
     python scripts/bench.py --shapes main --dtypes fp32 --block --steps 200  # Llama's block
     python scripts/bench.py --no-train --decode-kv  # decoding per n_kv_head, and cache bytes
+    python scripts/bench.py --shapes flipflop --dtypes fp32,bf16 --compile --steps 100 \
+        --positions rope,learned,alibi,cope,fox,none,none+normalize=stick_breaking  # an experiment
 
 ``--positions`` replaces each shape's position scheme, one row per scheme; a scheme may carry model
 keys joined by ``+`` (``none+normalize=stick_breaking``, ``rope+window=32``,
@@ -72,6 +74,14 @@ SHAPES: dict[str, tuple[dict, int]] = {
     "nanogpt-cpu": (
         dict(n_layer=4, n_head=4, d_model=128, context_length=64, position="learned"),
         12,
+    ),
+    "flipflop": (  # configs/flipflop.yaml, the flip-flop experiment's runs (9 characters)
+        dict(n_layer=2, n_head=4, d_model=64, context_length=64, position="rope", vocab_size=9),
+        32,
+    ),
+    "length-curve": (  # configs/extrapolation.yaml at batch 16, the every-scheme length curve
+        dict(n_layer=4, n_head=4, d_model=128, context_length=64, position="rope", vocab_size=106),
+        16,
     ),
     "shakespeare-gpu": (dict(n_layer=6, n_head=6, d_model=384, context_length=256), 16),
     "gpt2-small": (
@@ -491,7 +501,11 @@ def _positive_float(text: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"of {', '.join(SHAPES)}")
+    parser.add_argument(
+        "--shapes",
+        default="main,nanogpt-cpu,shakespeare-gpu,gpt2-small",
+        help=f"of {', '.join(SHAPES)} (default: all but the two experiments')",
+    )
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--steps", type=positive_int, default=10, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=3)

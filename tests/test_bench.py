@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from lm.config.load import load_config
 from lm.config.sections import ModelConfig
 from lm.model.transformer import TransformerLM
 
@@ -175,6 +177,26 @@ def test_the_llama_block_row_has_the_gpt2_blocks_parameter_count(bench, shape):
     a, b = TransformerLM(gpt2).num_parameters(), TransformerLM(llama).num_parameters()
     assert abs(a - b) <= gpt2.n_layer * (3 * 4 * gpt2.d_model + 2 * gpt2.d_model)
     assert abs(a - b) / a < 0.01
+
+
+@pytest.mark.parametrize(
+    ("shape", "config", "batch"),
+    [("flipflop", "flipflop.yaml", None), ("length-curve", "extrapolation.yaml", 16)],
+)
+def test_an_experiments_shape_is_the_model_its_runs_train(bench, shape, config, batch):
+    # docs/sweeps.md times the documented experiments' steps at these shapes: each must be the
+    # model and batch its config trains (the length curve sets train.batch_size=16), and the
+    # vocabulary its characters give (the parameter count its report prints).
+    model_kw, shape_batch = bench.SHAPES[shape]
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / config)
+    assert shape_batch == (batch or cfg.train.batch_size)
+    dims = ("n_layer", "n_head", "d_model", "context_length", "position")
+    assert {k: model_kw[k] for k in dims} == {k: getattr(cfg.model, k) for k in dims}
+    bench_model = TransformerLM(ModelConfig(**model_kw))
+    run_model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=model_kw["vocab_size"]))
+    assert bench_model.num_parameters() == run_model.num_parameters()
+    reported = {"flipflop": 99_200, "length-curve": 801_152}[shape]  # their report.md's rope row
+    assert bench_model.num_parameters() == reported
 
 
 def test_block_rows_train_side_by_side_and_print_their_ratio(bench, monkeypatch, capsys, tmp_path):
