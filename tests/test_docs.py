@@ -77,12 +77,42 @@ def test_shown_commands_write_only_under_runs_or_exports():
                     assert out.startswith(("runs/", "exports/")), f"{page.name}: lm {argv}"
 
 
+def _anchors(path: Path) -> set[str]:
+    """The #anchors of a page's headings as GitHub makes them: lower case, punctuation dropped,
+    spaces as hyphens, a repeated heading numbered -1, -2, ..."""
+    prose = re.sub(r"```.*?```", "", _text(path), flags=re.DOTALL)  # a shell comment is no heading
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", prose, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+def test_anchors_are_made_as_github_makes_them(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# fp32 or bf16, SDPA (`auto`)\n## The schemes of 2024–25\n## Against the papers\n"
+        "## Against the papers\n```bash\n# a comment\n```\n"
+    )
+    assert _anchors(page) == {
+        "fp32-or-bf16-sdpa-auto",
+        "the-schemes-of-202425",
+        "against-the-papers",
+        "against-the-papers-1",
+    }
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_link_and_named_path_exists(page):
     text = _text(page)
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-        if not target.startswith(("http://", "https://")):
-            assert (page.parent / target).exists(), f"{page.name}: link to {target}"
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if target.startswith(("http://", "https://")):
+            continue
+        linked = page.parent / target if target else page
+        assert linked.exists(), f"{page.name}: link to {target}"
+        if anchor and linked.suffix == ".md":
+            assert anchor in _anchors(linked), f"{page.name}: link to {target}#{anchor}"
     for path in set(re.findall(r"`((?:lm|scripts|configs|tests)/[\w/.]+\.(?:py|sh|yaml))`", text)):
         assert (ROOT / path).exists(), f"{page.name}: {path}"
 
