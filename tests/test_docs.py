@@ -1,7 +1,8 @@
-"""The README and docs/ say what the code does: every command they show parses, the configuration
-page is the dataclasses', the quoted tables are the committed reports', every link and path
-exists, the layout names every module, the command reference names every flag, and the imports
-flow one way."""
+"""The README and docs/ say what the code does: the README is a door that CI follows, every
+command they show parses, the configuration page is the dataclasses', the quoted tables are the
+committed reports', every link, #anchor and path exists, the notes' table names real functions,
+the layout names every file in import order, the command reference names every flag, and the
+imports flow one way."""
 
 import argparse
 import ast
@@ -27,10 +28,28 @@ def _text(path: Path) -> str:
 
 def test_the_readme_is_a_door():
     text = _text(README)
-    assert len(text.splitlines()) <= 250
+    assert len(text.splitlines()) <= 120
     assert not re.search(r"\bsitting\b|run again on|measured again", text, re.IGNORECASE)
     for needed in ("pip install", "lm train configs/default.yaml", "python -m pytest"):
         assert needed in text
+    # Nothing that changes with every run: no seconds or milliseconds, minutes only roughly.
+    assert not re.findall(r"\d\s*(?:s|ms|sec|seconds?)\b", text), "a timing in the README"
+    for before, figure in re.findall(r"(\w+)\s+(\d[\d.]*)\s+min(?:utes?)?\b", text):
+        assert before == "about", f"README: {before} {figure} minutes is not a rough figure"
+
+
+def test_ci_installs_and_tests_as_the_readme_says():
+    """.ci/run runs the README's install and test commands, word for word."""
+    ci = {line.strip() for line in _text(ROOT / ".ci" / "run").splitlines()}
+    shown = []
+    for block in re.findall(r"```bash\n(.*?)```", _text(README), re.DOTALL):
+        for line in block.splitlines():
+            command = line.split("  #", 1)[0].strip()
+            if command.startswith(("pip install", "python -m pytest")):
+                shown.append(command)
+    assert {c.split()[0] for c in shown} == {"pip", "python"}, shown
+    for command in shown:
+        assert command in ci, f".ci/run does not run the README's {command!r}"
 
 
 def _shown_commands(path: Path) -> list[str]:
@@ -143,31 +162,56 @@ def test_the_positions_page_has_every_scheme_where_it_acts_and_its_class():
 
 
 def test_the_notes_table_names_functions_where_they_are_defined():
-    section = _text(README).split("## From the notes to the code", 1)[1].split("\n## ", 1)[0]
-    for path, names in re.findall(r"`((?:lm|tests)/[\w/]+\.py)` ((?:`[\w.]+`(?:, )?)+)", section):
+    page = ROOT / "docs" / "notes-to-code.md"
+    rows = re.findall(
+        r"^\| .* \| ((?:`(?:lm|tests)/[\w/]+\.py` (?:`[\w.]+`(?:, )?)+)) \|$", _text(page), re.M
+    )
+    assert len(rows) >= 14, f"{page.name}: {len(rows)} rows name a file and its functions"
+    for row in rows:
+        path, names = re.fullmatch(r"`([\w/.]+)` (.*)", row).groups()
         tree = ast.parse(_text(ROOT / path))
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
         for name in re.findall(r"`([\w.]+)`", names):
             assert name.split(".")[-1] in defined, f"{path} defines no {name}"
 
 
-def _layout() -> str:
-    return _text(README).split("## Layout", 1)[1].split("```", 2)[1]
+LAYOUT = ROOT / "docs" / "layout.md"
 
 
-def test_the_layout_names_every_module_and_script():
-    layout = _layout()
-    named = set(re.findall(r"(?:lm|scripts)/[\w/.]+", layout))
-    for path in sorted((ROOT / "lm").rglob("*.py")):
-        rel = path.relative_to(ROOT)
-        if path.name == "__init__.py" and rel.parent != Path("lm"):
-            continue  # a package's face: its folder's line names it
-        folder = f"{rel.parent}/"
-        assert str(rel) in named or (folder in named and path.name in layout), str(rel)
-    for path in sorted((ROOT / "scripts").iterdir()):
-        assert f"scripts/{path.name}" in named, path.name
-    for name in named:
-        assert (ROOT / name).exists(), f"the layout names {name}, which does not exist"
+def test_the_layout_has_a_line_for_every_file_and_no_other():
+    """One line a file of lm/ and scripts/, its path first: a file added, renamed or removed
+    fails here until its line follows."""
+    block = _text(LAYOUT).split("```", 2)[1]
+    named = [line.split()[0] for line in block.splitlines() if line.strip()]
+    assert len(named) == len(set(named)), "a file named twice"
+    files = {
+        str(path.relative_to(ROOT))
+        for folder in ("lm", "scripts")
+        for path in (ROOT / folder).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    assert sorted(files - set(named)) == [], "files the layout does not name"
+    assert sorted(set(named) - files) == [], "the layout names files that do not exist"
+
+
+def test_the_layout_lists_the_wings_in_their_import_order():
+    """The page's wings, top to bottom, are the layers the import test below holds, and its file
+    list runs down the same order."""
+    text = _text(LAYOUT)
+    order = re.search(r"top to bottom:\n\n(.+?)\n\n", text, re.DOTALL).group(1)
+    said = [re.findall(r"`(\w+)`", group) for group in re.split(r"\s·\s", order)]
+    assert sorted(w for group in said for w in group) == sorted(set(LAYERS) - {"__main__"})
+    layers = [{LAYERS[w] for w in group} for group in said]
+    assert all(len(layer) == 1 for layer in layers), f"a group of wings on two layers: {said}"
+    layers = [layer.pop() for layer in layers]
+    assert layers == sorted(set(layers), reverse=True), f"not from the top down: {said}"
+    files = [line.split()[0] for line in text.split("```", 2)[1].splitlines() if line.strip()]
+    ranks = [
+        LAYERS[_wing(".".join(Path(f).with_suffix("").parts))]
+        for f in files
+        if f.startswith("lm/") and f not in ("lm/__init__.py", "lm/__main__.py")
+    ]
+    assert ranks == sorted(ranks, reverse=True), "the file list leaves the import order"
 
 
 def test_lm_has_at_most_8_top_level_modules_and_none_over_700_lines():
