@@ -19,6 +19,7 @@ from lm.config.errors import LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.explorer.flags import add_view_parser, view_command
+from lm.hf import MODELS
 from lm.runtime.launch import every_rank_meets, launched_rank
 
 LINGER_S = 5.0
@@ -317,9 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
 
-    i = sub.add_parser(
-        "import", help="turn a GPT-2, GPT-NeoX or MPT model folder (e.g. an export) into a run"
-    )
+    *some, last = (name for name, _ in MODELS.values())
+    folder = f"a {', '.join(some)} or {last} model folder"
+    i = sub.add_parser("import", help=f"turn {folder} (e.g. an export) into a run")
     i.add_argument("hf_dir", help="a folder with config.json, model.safetensors, tokenizer.json")
     i.add_argument("--out", required=True, help="the run directory to write")
     i.add_argument("--overwrite", action="store_true", help="replace an earlier run in --out")

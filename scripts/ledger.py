@@ -4,15 +4,18 @@ the pictures) into its folder, the tables its pages quote refreshed (scripts/doc
 and a row of docs/claims/RUN.md saying where, when, at which commit and in what wall time it
 ran.
 
-    python scripts/ledger.py --list              # the experiments, their rows and commands
+    python scripts/ledger.py --list [NAME ...]   # the experiments, their rows and commands
     python scripts/ledger.py                     # every experiment (about 3.5 hours on 2 cores)
     python scripts/ledger.py counting mqar       # the named ones
 
 Run it from the repository root with ``lm`` installed, alone on the machine: the wall times go
-into docs/claims/RUN.md. An experiment writes its runs under ``runs/`` as its page says; one
-whose folder is already there is refused before anything runs (move it away to rerun it), so a
-rerun never mixes old runs into a new report. The verdicts in the pages are prose: read the new
-tables against them (``git diff docs/``).
+into docs/claims/RUN.md, each beside how much other work the machine ran meanwhile (watched as
+``lm``'s measurements are: every CPU's busy time from ``/proc/stat`` less the ledger's own and
+its commands'), ``alone`` where that averaged at most ``BUSY`` CPUs, else ``beside other
+work``: a wall time taken beside other work is slower than the experiment. An experiment writes
+its runs under ``runs/`` as its page says; one whose folder is already there is refused before
+anything runs (move it away to rerun it), so a rerun never mixes old runs into a new report.
+The verdicts in the pages are prose: read the new tables against them (``git diff docs/``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from lm.runtime.choices import BUSY_SLACK, OtherWork
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -387,16 +392,33 @@ def commit() -> str:
     return (head or "unknown") + ("+" if dirty else "")
 
 
-def run(experiment: Experiment) -> tuple[float, str]:
-    """Runs its commands and keeps its report; returns the wall seconds and the commit they ran
-    at. Stops the script if a command fails."""
-    at, start = commit(), time.perf_counter()
+BUSY = BUSY_SLACK
+"""CPUs' worth of other work, on average over an experiment, above which its row says it ran
+beside other work: as for lm's own measurements, a quiet machine's housekeeping stays well
+under it and a second program does not. The load average would count the ledger's own runs."""
+
+
+def other_work(watch: OtherWork) -> str:
+    """What else the machine ran while ``watch`` watched, as RUN.md's row says it."""
+    seen = watch.cpus()
+    if seen is None:
+        return "not watched (no /proc/stat)"
+    others, cpus = seen
+    where = "alone" if others <= BUSY else "beside other work"
+    return f"{where} (other work {others:.2f} of {cpus} CPUs)"
+
+
+def run(experiment: Experiment) -> tuple[float, str, str]:
+    """Runs its commands and keeps its report; returns the wall seconds, the commit they ran
+    at and what other work ran beside them (:func:`other_work`). Stops the script if a command
+    fails."""
+    at, start, watch = commit(), time.perf_counter(), OtherWork()
     for command in experiment.commands:
         print(f"ledger: {experiment.name}: {command}", flush=True)
         done = subprocess.run(argv(command), cwd=ROOT)
         if done.returncode:
             sys.exit(f"ledger: {experiment.name}: `{command}` failed (exit {done.returncode})")
-    seconds = time.perf_counter() - start
+    seconds, beside = time.perf_counter() - start, other_work(watch)
     if experiment.report != "-":
         folder = DOCS / experiment.folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -404,7 +426,7 @@ def run(experiment: Experiment) -> tuple[float, str]:
         for kept in [source / "report.md", source / "report.json", *source.glob("*.png")]:
             shutil.copy2(kept, folder / kept.name)
         describe(experiment)
-    return seconds, at
+    return seconds, at, beside
 
 
 def describe(experiment: Experiment) -> None:
@@ -429,13 +451,13 @@ def describe(experiment: Experiment) -> None:
     )
 
 
-def record(experiment: Experiment, seconds: float, at: str) -> None:
+def record(experiment: Experiment, seconds: float, at: str, beside: str) -> None:
     """Writes (or replaces) its row of docs/claims/RUN.md."""
     minutes, rest = divmod(round(seconds), 60)
     folder, day = experiment.folder, datetime.date.today().isoformat()
     row = (
         f"| {experiment.name} | {experiment.rows} | [{folder}](../{folder}/) | {day} "
-        f"| {machine()} | {at} | {minutes} min {rest} s |"
+        f"| {machine()} | {at} | {minutes} min {rest} s | {beside} |"
     )
     lines = RECORD.read_text(encoding="utf-8").splitlines() if RECORD.exists() else []
     if not lines:
@@ -444,10 +466,12 @@ def record(experiment: Experiment, seconds: float, at: str) -> None:
             "",
             "Written by `python scripts/ledger.py` (the commands are in the script and on each",
             "experiment's page); each row is replaced when its experiment runs again, so the",
-            "history is git's. Wall time is the whole experiment, alone on the machine.",
+            "history is git's. Wall time is the whole experiment; beside it, what other work",
+            f"the machine ran meanwhile (`alone`: at most {BUSY} CPUs of it on average).",
             "",
-            "| experiment | claims rows | report | date | machine | commit | wall time |",
-            "|---|---|---|---|---|---|---|",
+            "| experiment | claims rows | report | date | machine | commit | wall time "
+            "| other work |",
+            "|---|---|---|---|---|---|---|---|",
         ]
     key = f"| {experiment.name} |"
     kept = [line for line in lines if not line.startswith(key)]
@@ -462,19 +486,21 @@ def record(experiment: Experiment, seconds: float, at: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="experiments to run (default: every one)")
-    parser.add_argument("--list", action="store_true", help="list the experiments and stop")
+    parser.add_argument(
+        "--list", action="store_true", help="list the experiments (the named ones) and stop"
+    )
     args = parser.parse_args()
-    if args.list:
-        for e in EXPERIMENTS:
-            print(f"{e.name}  (rows {e.rows}; docs/{e.folder})")
-            for command in e.commands:
-                print(f"    {command}")
-        return 0
     unknown = [n for n in args.names if n not in BY_NAME]
     if unknown:
         print(f"ledger: no experiment {', '.join(unknown)} (--list names them)", file=sys.stderr)
         return 2
     chosen = [BY_NAME[n] for n in args.names] or list(EXPERIMENTS)
+    if args.list:
+        for e in chosen:
+            print(f"{e.name}  (rows {e.rows}; docs/{e.folder})")
+            for command in e.commands:
+                print(f"    {command}")
+        return 0
     there = [str(p.relative_to(ROOT)) for e in chosen for p in outs(e) if p.exists()]
     if there:
         print(
@@ -484,8 +510,8 @@ def main() -> int:
         )
         return 2
     for experiment in chosen:
-        seconds, at = run(experiment)
-        record(experiment, seconds, at)
+        seconds, at, beside = run(experiment)
+        record(experiment, seconds, at, beside)
         print(f"ledger: {experiment.name} took {seconds / 60:.1f} min", flush=True)
     subprocess.run([sys.executable, str(ROOT / "scripts" / "docs_tables.py")], cwd=ROOT, check=True)
     return 0

@@ -69,7 +69,7 @@ def test_a_measurement_beside_other_work_is_used_but_not_kept(monkeypatch):
     spinner = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
         assert spinner.stdout.readline() == "spinning\n"  # it is busy before the measurement
-        made = choices.choose("k", {}, {"fp32": idle, "bf16": idle}, tune._prefer)
+        made = choices.choose("train.dtype", {}, {"fp32": idle, "bf16": idle}, tune._prefer)
     finally:
         spinner.kill()
         spinner.wait()
@@ -109,7 +109,7 @@ def test_a_damaged_cache_counts_as_empty_and_is_rewritten():
     choices.cache_file().write_bytes(b"\xff not json")
     assert choices.read() == {}
     steps = fake_steps({"fp32": 0.01, "bf16": 0.02}, [])
-    assert choices.choose("k", {}, steps, tune._prefer).value == "fp32"
+    assert choices.choose("train.dtype", {}, steps, tune._prefer).value == "fp32"
     assert len(choices.read()) == 1
 
 
@@ -156,20 +156,45 @@ def test_a_run_left_to_auto_records_what_was_measured_and_the_next_reads_it(
     assert losses[0] == losses[1] and any(loss is not None for loss in losses[0])
 
 
-def test_a_run_that_measured_beside_other_work_says_so_and_keeps_nothing(
-    tmp_path, measuring, monkeypatch, capsys
+@pytest.mark.parametrize("left", ["train.dtype", "model.kernel", "both"])
+def test_a_run_that_measured_beside_other_work_takes_the_default_says_so_and_keeps_nothing(
+    left, tmp_path, measuring, monkeypatch, capsys
 ):
+    from lm.config.load import load_config
+
     readings = iter(range(0, 10**6, 1000))  # every CPU busy all the time, none of it this run
     monkeypatch.setattr(choices, "cpu_seconds", lambda: (float(next(readings)), 2))
-    train(auto_config(), tmp_path / "a")
-    choice = ran(tmp_path / "a")["dtype_choice"]
-    assert choice["how"] == "measured" and "other work kept" in choice["not_kept"]
-    assert "cache" not in choice and not choices.cache_file().exists()
-    err = capsys.readouterr().err
-    assert "measured now (" in err and "not kept: other work kept" in err
-    assert "the next run measures again" in err
-    train(auto_config(), tmp_path / "b")
-    assert ran(tmp_path / "b")["dtype_choice"]["how"] == "measured"
+    monkeypatch.setattr(tune, "_prefer", lambda ms: "bf16")  # what the noise would choose
+    monkeypatch.setattr(tune, "_prefer_kernel", lambda ms: "math")
+    config = {"train.dtype": auto_config(), "model.kernel": kernel_auto()}.get(left)
+    config = config or kernel_auto(dtype="auto")
+    free = {"train.dtype": ["dtype_choice"], "model.kernel": ["kernel_choice"]}.get(left)
+    for run in "ab":  # one command, one result: the portable default both times
+        train(config, tmp_path / run)
+        record = ran(tmp_path / run)
+        assert (record["dtype"], record["kernel"]) == ("float32", "sdpa")
+        assert load_config(tmp_path / run / "config.yaml").model.kernel == "sdpa"
+        said = [record[k] for k in free or ["dtype_choice", "kernel_choice"]]
+        assert all(c["how"] == "fallback" for c in said)
+        assert all("other work kept" in c["not_kept"] and "the default" in c["why"] for c in said)
+        assert all("cache" not in c for c in said) and not choices.cache_file().exists()
+        err = capsys.readouterr().err
+        assert "the default: measured beside other work (" in err and "other work kept" in err
+        assert "the next run measures again" in err
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+def test_a_disturbed_measurement_gives_way_to_the_default_only_where_named(monkeypatch):
+    readings = iter(range(0, 10**6, 1000))
+    monkeypatch.setattr(choices, "cpu_seconds", lambda: (float(next(readings)), 2))
+    steps = fake_steps({"fp32": 0.10, "bf16": 0.05}, [])
+    made = choices.choose("train.dtype", {}, steps, tune._prefer, default="fp32")
+    assert (made.value, made.how, made.ms_per_step["bf16"]) == ("fp32", "fallback", 50.0)
+    assert made.not_kept and made.record()["why"].startswith("the default: measured beside")
+    # --jobs auto names none: how many jobs changes how fast a sweep trains, not its numbers.
+    used = choices.choose("train.dtype", {}, steps, tune._prefer)
+    assert (used.value, used.how) == ("bf16", "measured") and used.not_kept
+    assert choices.read() == {}
 
 
 def test_a_resume_keeps_the_dtype_it_trained_with(tmp_path, measuring, monkeypatch):
@@ -460,3 +485,147 @@ def test_jobs_auto_weighs_against_a_step_timed_alone_never_one_timed_beside_othe
     sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000, weigh=weigh)  # the measurement kept
     assert calls[0] == (pytest.approx(0.025), True)  # the probe's one-thread step, alone
     assert calls[1] == (pytest.approx(0.030), False)  # 2 x 15 ms: a step beside another job
+
+
+GOOD = {  # a kept entry of each kind lm keeps: its context, and what it holds
+    "train.dtype": ({"threads": 1}, "bf16", {"fp32": 2.0, "bf16": 1.0}),
+    "model.kernel": ({"threads": 1}, "math", {"sdpa": 2.0, "math": 1.0}),
+    "train.dtype+model.kernel": (
+        {"threads": 1},
+        "bf16 sdpa",
+        {"fp32 sdpa": 4.0, "fp32 math": 3.0, "bf16 sdpa": 1.0, "bf16 math": 2.0},
+    ),
+    "compare.probe": ({"cores": 2}, "probe", {"every": 5.0, "one": 9.0}),
+    "compare.jobs": ({"cores": 2}, "2", {"1": 5.0, "2": 4.0, "start": 900.0}),
+}
+GONE = object()  # a field left out
+
+DAMAGED = [
+    ("compare.probe", "ms_per_step", {}),
+    ("compare.probe", "ms_per_step", {"every": 0, "one": 0}),
+    ("compare.probe", "ms_per_step", {"every": 5.0}),
+    ("compare.probe", "value", "1"),
+    ("train.dtype+model.kernel", "value", "fp64 math"),
+    ("train.dtype+model.kernel", "ms_per_step", GONE),
+    ("train.dtype+model.kernel", "ms_per_step", {"bf16 sdpa": 1.0}),
+    ("train.dtype", "ms_per_step", {"fp32": 2.0, "bf16": 1.0, "fp16": 0.5}),
+    ("train.dtype", "ms_per_step", {"fp32": True, "bf16": 1.0}),
+    ("train.dtype", "ms_per_step", {"fp32": -1.0, "bf16": 1.0}),
+    ("train.dtype", "ms_per_step", {"fp32": float("inf"), "bf16": 1.0}),
+    ("train.dtype", "value", ["bf16"]),
+    ("train.dtype", "measured", GONE),
+    ("model.kernel", "value", "flex"),
+    ("compare.jobs", "value", "3"),
+    ("compare.jobs", "ms_per_step", {"1": 5.0, "2": 4.0}),
+]
+
+
+def keep(kind, field=None, value=None, key=None):
+    """choices.json holding the good entry of ``kind``, with ``field`` set to ``value``."""
+    context, chosen, ms = GOOD[kind]
+    entry = {"value": chosen, "ms_per_step": ms, "measured": "2025-01-01T00:00:00+00:00"}
+    if field is not None:
+        entry[field] = value
+        entry = {k: v for k, v in entry.items() if v is not GONE}
+    path = choices.cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({key or choices.key(kind, context): entry}))
+    return context, entry
+
+
+@pytest.mark.parametrize("kind", GOOD)
+def test_an_entry_lm_keeps_is_read_and_listed(kind, capsys):
+    context, entry = keep(kind)
+    assert list(choices.read().values()) == [entry]
+    candidates = {"probe": None} if kind == "compare.probe" else entry["ms_per_step"]
+    assert choices.cached(kind, context, candidates).how == "cached"
+    assert main(["choices"]) == 0
+    out = capsys.readouterr()
+    assert "1 measured choice(s)" in out.err and out.out.startswith(f"{kind}: ")
+
+
+@pytest.mark.parametrize(("kind", "field", "value"), DAMAGED)
+def test_a_damaged_entry_is_absent_to_every_reader(kind, field, value, capsys):
+    context, _ = keep(kind, field, value)
+    assert choices.read() == {}
+    names = GOOD[kind][2]
+    assert choices.cached(kind, context, {"probe": None, **names, "fp64 math": None}) is None
+    assert main(["choices"]) == 0
+    out = capsys.readouterr()
+    assert "0 measured choice(s)" in out.err and "1 entry not of lm's: ignored" in out.err
+    assert out.out == ""
+
+
+@pytest.mark.parametrize("where", ["file", "key"])
+def test_a_cache_nested_too_deep_for_json_is_absent_never_a_recursion_error(
+    where, tmp_path, measuring, capsys
+):
+    deep = "[" * 200_000
+    path = choices.cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if where == "file":
+        path.write_text(deep)
+    else:
+        keep("train.dtype", key=deep)
+    assert main(["choices"]) == 0
+    out = capsys.readouterr()
+    assert "0 measured choice(s)" in out.err and out.out == ""
+    train(auto_config(), tmp_path / "run")  # measured anew, and kept in lm's own file
+    assert ran(tmp_path / "run")["dtype_choice"]["how"] == "measured"
+    assert len(choices.read()) == 1
+
+
+def spoil(kind, field, value):
+    """The kept entry of ``kind`` (the file's only one) with ``field`` set to ``value``."""
+    path = choices.cache_file()
+    entries = json.loads(path.read_text())
+    (key,) = [k for k in entries if json.loads(k)["kind"] == kind]
+    entries[key][field] = value
+    entries[key] = {k: v for k, v in entries[key].items() if v is not GONE}
+    path.write_text(json.dumps(entries))
+
+
+@pytest.mark.parametrize("value", ["fp64 math", GONE])
+def test_a_run_measures_anew_beside_a_damaged_entry_of_its_shape(
+    value, tmp_path, measuring, capsys
+):
+    train(kernel_auto(dtype="auto"), tmp_path / "a")
+    spoil("train.dtype+model.kernel", "value" if value != GONE else "ms_per_step", value)
+    capsys.readouterr()
+    train(kernel_auto(dtype="auto"), tmp_path / "b")
+    assert ran(tmp_path / "b")["dtype_choice"]["how"] == "measured"
+    err = capsys.readouterr().err
+    assert "measured now on this machine (fp32 sdpa " in err and "( a step" not in err
+
+
+@pytest.mark.parametrize("timings", [{}, {"every": 0, "one": 0}, {"every": 0.0, "one": 9.0}])
+def test_jobs_auto_probes_anew_beside_a_damaged_probe(timings, monkeypatch):
+    import lm.compare.auto_jobs as sbs
+
+    monkeypatch.setenv("LM_TUNE", "on")
+    probes = []
+    monkeypatch.setattr(sbs, "_probe", lambda *a: probes.append(1) or (0.02, 0.03))
+    cfg, device = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
+    assert sbs.auto_jobs(cfg, device, 2, runs=2, steps=10)[1].how == "probed"  # no more pays
+    spoil("compare.probe", "ms_per_step", timings)
+    n, choice = sbs.auto_jobs(cfg, device, 2, runs=2, steps=10)
+    assert (n, choice.how, len(probes)) == (1, "probed", 2)
+    assert choice.ms_per_step["1"] == 20.0
+
+
+def test_the_candidates_a_run_times_are_those_the_cache_keeps():
+    assert tuple(tune.DTYPES) == choices.TIMED["train.dtype"]  # KERNELS is TIMED's own
+
+
+def test_jobs_auto_says_a_probe_beside_other_work_was_not_kept(monkeypatch):
+    import lm.compare.auto_jobs as sbs
+    from lm.compare.sweep import _said
+
+    monkeypatch.setenv("LM_TUNE", "on")
+    readings = iter(range(0, 10**6, 1000))
+    monkeypatch.setattr(choices, "cpu_seconds", lambda: (float(next(readings)), 2))
+    monkeypatch.setattr(sbs, "_probe", lambda *a: (0.02, 0.03))
+    cfg, device = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
+    n, choice = sbs.auto_jobs(cfg, device, 2, runs=2, steps=10)
+    assert (n, choice.how) == (1, "probed") and "other work kept" in choice.not_kept
+    assert "the steps not kept: other work kept" in _said(choice) and choices.read() == {}

@@ -14,6 +14,7 @@ from lm.config.errors import ConfigError, DataError
 from lm.config.sections import DataConfig
 from lm.data.batches import PaddedCollator, TrainBatches, eval_batches
 from lm.data.sources import TokenizedSplit, prepare_data
+from lm.data.tokenizer import TextTokenizer
 
 
 def quiet(message):
@@ -541,3 +542,92 @@ def test_padded_eval_chunks_every_document():
     assert all(b["input_ids"].shape[1] <= 3 for b in batches)
     limited = list(eval_batches(split, PADDED, 3, 4, pad_id=99, max_batches=2))
     assert len(limited) == 2
+
+
+@pytest.fixture(params=["under a file", "immutable"])
+def unwritable_cache(request, tmp_path, monkeypatch):
+    """LM_CACHE where nothing can be written, even by root (whom permission bits do not stop,
+    and the suite runs as root): a folder under a regular file (mkdir: Not a directory), or an
+    immutable folder (``chattr +i``: Operation not permitted; skipped where chattr is refused)."""
+    import shutil
+    import subprocess
+
+    if request.param == "under a file":
+        (tmp_path / "file").write_text("not a folder")
+        cache = tmp_path / "file" / "lm"
+    else:
+        cache = tmp_path / "immutable"
+        cache.mkdir()
+        chattr = shutil.which("chattr")
+        if not chattr or subprocess.run([chattr, "+i", str(cache)], capture_output=True).returncode:
+            pytest.skip("chattr +i is not available here")
+        request.addfinalizer(lambda: subprocess.run([chattr, "-i", str(cache)], check=True))
+    monkeypatch.setenv("LM_CACHE", str(cache))
+    return cache
+
+
+def test_a_cache_that_cannot_be_written_tokenizes_into_a_folder_of_its_own(
+    unwritable_cache, tmp_path
+):
+    path = write_lines(tmp_path / "a.txt", [f"line {i}" for i in range(50)])
+    cfg = DataConfig(source=str(path), split_by="line", tokenizer="bpe", vocab_size=280)
+    said: list[str] = []
+    data = prepare_data(cfg, log=said.append)
+    warned = [line for line in said if line.startswith("lm: warning: ")]
+    assert len(warned) == 1 and f"the cache {unwritable_cache} cannot be written (" in warned[0]
+    assert data.train.n_docs == 45 and documents(data.val, data.tokenizer)[0] == "line 45"
+    assert not data.cache_path.exists()  # the temporary folder is gone; the ids stay mapped
+    assert not unwritable_cache.exists() or not list(unwritable_cache.iterdir())
+
+
+def test_lm_train_beside_a_cache_that_cannot_be_written_trains_and_says_so(
+    unwritable_cache, tmp_path, capsys
+):
+    from _support import write_config
+
+    from lm.cli import main
+
+    config = write_config(
+        tmp_path / "c.yaml",
+        data={"max_documents": 20},
+        model={"kernel": "auto"},
+        train={"dtype": "auto", "max_steps": 2, "eval_every": 0, "checkpoint_every": 0},
+    )
+    assert main(["train", str(config), "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"the cache {unwritable_cache} cannot be written" in err
+    assert (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+@pytest.mark.parametrize("damage", ["meta.json", "train.bin", "val.idx"])
+def test_damaged_cached_token_ids_count_as_absent_and_are_replaced(tmp_path, damage):
+    path = write_lines(tmp_path / "a.txt", [f"line {i}" for i in range(50)])
+    cfg = DataConfig(source=str(path), split_by="line", tokenizer="char")
+    first = prepare_data(cfg, log=quiet)
+    tokens = np.array(first.train.tokens)
+    broken = first.cache_path / damage
+    broken.write_bytes(broken.read_bytes()[:-3])  # cut short, as by a full disk
+    said: list[str] = []
+    again = prepare_data(cfg, log=said.append)
+    assert any(line.startswith("lm: warning: damaged cached token ids in") for line in said)
+    np.testing.assert_array_equal(again.train.tokens, tokens)
+    assert "data: cached token ids in" in " ".join(_lines(cfg))  # replaced, read back
+
+
+def test_a_damaged_cached_tokenizer_counts_as_absent(tmp_path, lm_cache):
+    path = write_lines(tmp_path / "a.txt", [f"line {i}" for i in range(50)])
+    cfg = DataConfig(source=str(path), split_by="line", tokenizer="bpe", vocab_size=280)
+    first = prepare_data(cfg, log=quiet)
+    (kept,) = (lm_cache / "tokenizers").iterdir()
+    kept.write_text("{", encoding="utf-8")
+    said: list[str] = []
+    again = prepare_data(cfg, log=said.append)
+    assert any("the cached tokenizer" in line and "training it again" in line for line in said)
+    assert again.tokenizer.to_json() == first.tokenizer.to_json()
+    assert TextTokenizer.load(kept).to_json() == first.tokenizer.to_json()  # rewritten
+
+
+def _lines(cfg):
+    said: list[str] = []
+    prepare_data(cfg, log=said.append)
+    return said

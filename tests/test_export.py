@@ -641,3 +641,18 @@ def test_nothing_replaces_the_folder_it_reads(tmp_path, capsys):
     refused(capsys, [*argv, "--overwrite"], "holds the checkpoint", "choose another --out")
     refused(capsys, ["export", str(run_dir), "--out", str(run_dir)], "is the run")
     assert checkpoint.is_dir()
+
+
+def test_lm_import_help_and_the_commands_page_name_every_model_type_the_importer_reads(capsys):
+    from lm.hf import MODELS
+    from lm.hf.shapes import ARCHITECTURES
+
+    assert set(ARCHITECTURES) == set(MODELS)  # what model_shape accepts
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = " ".join(capsys.readouterr().out.split())
+    page = " ".join((Path(__file__).parents[1] / "docs" / "commands.md").read_text().split())
+    said = page.split("`lm import` turns", 1)[1].split("folder", 1)[0]
+    for name, _ in MODELS.values():
+        assert name in listed.split("import turn", 1)[1].split("model folder", 1)[0], name
+        assert name in said, name

@@ -133,7 +133,8 @@ def auto_jobs(
                 f"; side by side timed in this process only ({when}): measuring it in {cores} "
                 f"processes (about {cost:.0f} s) would not pay"
             )
-            return _decide(choices.Choice("1", "probed", probed), cores, steps, weights, note)
+            probe = choices.Choice("1", "probed", probed, not_kept=timed.not_kept)
+            return _decide(probe, cores, steps, weights, note)
     chosen = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
         cpus_used=cores,

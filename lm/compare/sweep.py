@@ -351,9 +351,11 @@ def _auto_jobs(
 def _said(choice: choices.Choice) -> str:
     """Where ``--jobs auto``'s timings come from, and whether they were kept."""
     if choice.how == "probed":
+        kept = f"kept in {choices.cache_file()}"
+        kept = f"not kept: {choice.not_kept}" if choice.not_kept else kept
         return (
             "side by side not measured, a job's start as this machine measured it for other "
-            f"shapes (else guessed); the steps kept in {choices.cache_file()}"
+            f"shapes (else guessed); the steps {kept}"
         )
     if choice.not_kept:
         return f"measured now, not kept: {choice.not_kept}; the next sweep measures again"

@@ -15,7 +15,8 @@
 4. **Token ids**: each document + ``<eod>``, all concatenated into ``train.bin``/``val.bin``,
    with document offsets in ``.idx`` (and, for a task, each answer's first token in ``.ans``:
    the loss is on the answers only). The folder is keyed by a hash of the source, the split
-   settings and the tokenizer, and appears atomically, so a second run reads it back.
+   settings and the tokenizer, and appears atomically, so a second run reads it back
+   (:mod:`lm.data.cache`, which keeps the tokenizer and the token ids).
 
 ``lm.data.batches`` turns the token ids into training and evaluation batches.
 """
@@ -23,18 +24,15 @@
 from __future__ import annotations
 
 import codecs
-import contextlib
 import functools
 import glob
-import hashlib
-import itertools
-import json
 import os
 import platform
 import shutil
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -47,8 +45,9 @@ from lm.config.errors import DataError
 from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
 from lm.config.sections import DataConfig
 from lm.config.tasks import TASK_OWN_KEYS
-from lm.data.tasks import TaskSettings, alphabet, training_examples
-from lm.data.tokenizer import TextTokenizer, train_tokenizer
+from lm.data.cache import PreparedData, quiet_datasets, token_ids, tokenizer_for, unwritable
+from lm.data.cache import TokenizedSplit as TokenizedSplit  # where the pipeline's users find it
+from lm.data.tasks import TaskSettings, training_examples
 from lm.runtime.choices import cache_dir
 
 if TYPE_CHECKING:
@@ -59,42 +58,11 @@ if TYPE_CHECKING:
 LOADERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 SAMPLE_BY = {"file": "document", "line": "line", "paragraph": "paragraph"}
 HUB_VAL_SPLITS = ("validation", "valid", "test")
-CACHE_FORMAT = 1
 DATA_DEFAULTS = DataConfig.__dataclass_fields__
-# Below this much text one process tokenizes faster than a pool of workers starts up.
-SMALL_CORPUS_CHARS = 2_000_000
 
 
 def print_to_stderr(message: str) -> None:
     print(message, file=sys.stderr)
-
-
-@dataclass(frozen=True)
-class TokenizedSplit:
-    tokens: np.ndarray
-    """All documents' ids concatenated, each ending with <eod> (a read-only memmap)."""
-    offsets: np.ndarray
-    """int64 [n_docs + 1]: document i is tokens[offsets[i]:offsets[i + 1]]."""
-    answers: np.ndarray | None = None
-    """int64 [n_docs]: where each document's answer starts, in tokens from its first (a task's
-    prompt is not trained on); None: every token is."""
-
-    @property
-    def n_docs(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass(frozen=True)
-class PreparedData:
-    tokenizer: TextTokenizer
-    train: TokenizedSplit
-    val: TokenizedSplit
-    cache_path: Path
-    """The folder holding train.bin/.idx, val.bin/.idx and meta.json."""
 
 
 def prepare_data(
@@ -109,24 +77,6 @@ def prepare_data(
     no notes and no progress bars.
     """
     return _prepare_data(cfg, tokenizer_path, log or _silent)
-
-
-@contextlib.contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """datasets' own progress bars and notices would interleave with lm's lines (which say what
-    is being read and cached): off while lm calls it, restored after."""
-    import datasets
-
-    was_enabled = datasets.is_progress_bar_enabled()
-    verbosity = datasets.logging.get_verbosity()
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        datasets.logging.set_verbosity(verbosity)
-        if was_enabled:
-            datasets.enable_progress_bars()
 
 
 def ignored_settings(cfg: DataConfig) -> list[str]:
@@ -162,31 +112,37 @@ def _prepare_data(
         "val_fraction": cfg.val_fraction,
         "seed": cfg.seed if cfg.val_split == "random" else None,
     }
+    scratch: list[Path] = []
+
+    @functools.cache
+    def into() -> Path:
+        """Where what the cache lacks is written: the cache, else (said once) a temporary
+        folder, removed once the token ids are read: a cache that cannot be written costs the
+        next run its tokenizing, not this run its training."""
+        if not (why := unwritable(root)):
+            return root
+        scratch.append(Path(tempfile.mkdtemp(prefix="lm-data-")))
+        log(
+            f"lm: warning: the cache {root} cannot be written ({why}); tokenizing into "
+            f"{scratch[0]} for this run only, so the next run tokenizes again"
+        )
+        return scratch[0]
 
     @functools.cache
     def splits() -> tuple[datasets.Dataset, datasets.Dataset, int]:
         log(f"data: reading {cfg.source}")
-        with _quiet_datasets():
-            train, own_val, n_chars = _load_documents(cfg, source, root / "hf")
+        with quiet_datasets():
+            train, own_val, n_chars = _load_documents(cfg, source, into() / "hf")
             train, val, how = _split(cfg, train, own_val)
         log(f"data: {len(train)} training and {len(val)} validation documents ({how})")
         return train, val, n_chars
 
-    tokenizer = _tokenizer(cfg, tokenizer_path, corpus_key, root, lambda: splits()[0], log)
-    key = _hash({"format": CACHE_FORMAT, "corpus": corpus_key, "tokenizer": tokenizer.to_json()})
-    folder = root / "data" / key
-    if (folder / "meta.json").is_file():
-        log(f"data: cached token ids in {folder}")
-    else:
-        train, val, n_chars = splits()
-        num_proc = cfg.num_proc or (
-            1 if n_chars < SMALL_CORPUS_CHARS else min(8, os.cpu_count() or 1)
-        )
-        with _quiet_datasets():
-            _write_cache(folder, {"train": train, "val": val}, tokenizer, num_proc, corpus_key, log)
-    dtype = np.dtype(json.loads((folder / "meta.json").read_text(encoding="utf-8"))["dtype"])
-    train, val = (_read_split(folder, name, dtype) for name in ("train", "val"))
-    data = PreparedData(tokenizer, train, val, folder)
+    try:
+        tokenizer = tokenizer_for(cfg, tokenizer_path, corpus_key, (root, into), splits, log)
+        data = token_ids(cfg, tokenizer, corpus_key, (root, into), splits, log)
+    finally:
+        for folder in scratch:  # the token ids stay mapped; their names go
+            shutil.rmtree(folder, ignore_errors=True)
     for name, split in (("train", data.train), ("val", data.val)):
         log(f"data: {name} {split.n_tokens:,} tokens in {split.n_docs:,} documents")
     given = tokenizer_path or (cfg.tokenizer if cfg.tokenizer not in BUILTIN_TOKENIZERS else None)
@@ -225,10 +181,6 @@ def _silent(message: str) -> None:
 
 def cache_root(cfg: DataConfig) -> Path:
     return Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache_dir()
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:20]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,133 +514,3 @@ def _train_size(n: int, fraction: float, units: str) -> int:
             "split empty; lower data.val_fraction or add text"
         )
     return cut
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer and token-id cache
-
-
-def _tokenizer(
-    cfg: DataConfig,
-    tokenizer_path: str | Path | None,
-    corpus_key: dict[str, Any],
-    root: Path,
-    training_docs: Callable[[], datasets.Dataset],
-    log: Callable[[str], None],
-) -> TextTokenizer:
-    """The tokenizer to use: loaded from a file, built (byte), or trained on the training split;
-    a trained one is cached so that runs on the same corpus (``lm compare``) share it."""
-    if tokenizer_path is not None or cfg.tokenizer not in BUILTIN_TOKENIZERS:
-        return TextTokenizer.load(tokenizer_path or cfg.tokenizer)
-    if cfg.tokenizer == "byte":
-        return train_tokenizer("byte", ())
-    vocab_size = cfg.vocab_size if cfg.tokenizer == "bpe" else None
-    key = _hash({"corpus": corpus_key, "kind": cfg.tokenizer, "vocab_size": vocab_size})
-    path = root / "tokenizers" / f"{cfg.tokenizer}-{key}.json"
-    if path.is_file():
-        return TextTokenizer.load(path)
-    docs = training_docs()
-    log(f"tokenizer: training {cfg.tokenizer} on the training split")
-    texts = (text for batch in docs.iter(batch_size=1000) for text in batch["text"])
-    task = task_of(cfg.source)
-    if task is not None:  # every character the task can write, seen in training or not
-        texts = itertools.chain(texts, [alphabet(task, TaskSettings.of(cfg))])
-    tokenizer = train_tokenizer(cfg.tokenizer, texts, vocab_size)
-    log(f"tokenizer: {cfg.tokenizer}, {tokenizer.vocab_size} tokens")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(path)
-    return tokenizer
-
-
-def _write_cache(
-    folder: Path,
-    splits: dict[str, datasets.Dataset],
-    tokenizer: TextTokenizer,
-    num_proc: int,
-    corpus_key: dict[str, Any],
-    log: Callable[[str], None],
-) -> None:
-    """Tokenize every split into a temporary folder, then rename it into place: the cache
-    folder either exists complete or not at all."""
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
-    if num_proc > 1:
-        # The workers are forked; tokenizers would disable its own threads there anyway, with
-        # a warning per worker.
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    meta: dict[str, Any] = {"format": CACHE_FORMAT, "corpus": corpus_key, "dtype": dtype.__name__}
-    try:
-        for name, docs in splits.items():
-            log(f"data: tokenizing {len(docs):,} {name} documents with {num_proc} process(es)")
-            ids = _tokenize(docs, tokenizer, num_proc, tmp / f"{name}.arrow", name)
-            meta[name] = _write_split(ids, tmp, name, dtype)
-            del ids
-        for arrow in tmp.glob("*.arrow"):  # datasets' intermediate output, now in the .bin files
-            arrow.unlink()
-        meta["vocab_size"] = tokenizer.vocab_size
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        tmp.rename(folder)
-    except OSError:
-        # Another process may have finished the same cache first; theirs is identical.
-        if not (folder / "meta.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _tokenize(
-    docs: datasets.Dataset, tokenizer: TextTokenizer, num_proc: int, arrow: Path, name: str
-) -> datasets.Dataset:
-    """A dataset with one ``ids`` list per document, ``<eod>`` appended (batched, in parallel);
-    a task's prompt and answer are encoded apart, with ``answer`` where the answer starts."""
-    eod = tokenizer.eod_id
-
-    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
-        if "answer" not in batch:
-            return {"ids": [[*ids, eod] for ids in tokenizer.encode_batch(batch["text"])]}
-        prompts, answers = (tokenizer.encode_batch(batch[k]) for k in ("prompt", "answer"))
-        return {
-            "ids": [[*p, *a, eod] for p, a in zip(prompts, answers, strict=True)],
-            "answer": [len(p) for p in prompts],
-        }
-
-    return docs.map(
-        encode,
-        batched=True,
-        batch_size=1000,
-        num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=docs.column_names,
-        cache_file_name=str(arrow),
-        desc=f"tokenizing {name}",
-    )
-
-
-def _write_split(ids: datasets.Dataset, folder: Path, name: str, dtype: type) -> dict[str, int]:
-    import pyarrow.compute as pc
-
-    column = ids.data.column("ids")  # a fresh map output: no index mapping to honour
-    offsets = np.zeros(len(column) + 1, np.int64)
-    np.cumsum(pc.list_value_length(column).to_numpy(), out=offsets[1:])
-    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="w+", shape=(int(offsets[-1]),))
-    position = 0
-    for chunk in column.chunks:  # one arrow chunk at a time: memory stays bounded
-        flat = chunk.flatten().to_numpy()
-        tokens[position : position + len(flat)] = flat
-        position += len(flat)
-    tokens.flush()
-    del tokens
-    offsets.tofile(folder / f"{name}.idx")
-    if "answer" in ids.column_names:
-        ids.data.column("answer").to_numpy().astype(np.int64).tofile(folder / f"{name}.ans")
-    return {"documents": len(column), "tokens": int(offsets[-1])}
-
-
-def _read_split(folder: Path, name: str, dtype: np.dtype) -> TokenizedSplit:
-    tokens = np.memmap(folder / f"{name}.bin", dtype=dtype, mode="r")
-    offsets = np.fromfile(folder / f"{name}.idx", dtype=np.int64)
-    answers = folder / f"{name}.ans"
-    return TokenizedSplit(
-        tokens, offsets, np.fromfile(answers, dtype=np.int64) if answers.is_file() else None
-    )

@@ -18,6 +18,7 @@ The specials are matched only as ids, never in text: a corpus that contains the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -79,11 +80,18 @@ class TextTokenizer:
         return self.tokenizer.to_str()
 
     def save(self, path: str | Path) -> None:
-        """Write ``tokenizer.json`` atomically, so a crash never leaves half a file."""
+        """Write ``tokenizer.json`` atomically, so a crash never leaves half a file; a place
+        that cannot be written is an ``OSError`` (``tokenizers``' own save raises a bare
+        ``Exception``)."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self.tokenizer.save(str(tmp))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(self.tokenizer.to_str(pretty=True), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | Path) -> TextTokenizer:

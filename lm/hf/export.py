@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from lm.config.errors import LMError
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import EOD, PAD, UNK, TextTokenizer
+from lm.hf import MODELS
 from lm.hf.rope import ROPE_KEYS, rope_parameters
 from lm.hf.shapes import ARCHITECTURES
 from lm.hf.weights import HFModel, to_hf
@@ -44,7 +45,7 @@ whole numbers exactly only that far."""
 TABLE_BYTES = 2**30
 """The largest position table an export writes (GPT-2's ``wpe`` of the sinusoidal and no-position
 schemes, fp32): 1 GiB."""
-NAMES = {"gpt2": "GPT-2", "gpt_neox": "GPT-NeoX", "mpt": "MPT", "llama": "Llama", "qwen3": "Qwen3"}
+NAMES = {model_type: name for model_type, (name, _) in MODELS.items()}
 # What an export folder always holds; --overwrite replaces only such a folder (or an empty one).
 _EXPORT_FILES = ("config.json", "model.safetensors")
 

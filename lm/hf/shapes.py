@@ -13,6 +13,7 @@ import torch
 
 from lm.config.sections import ModelConfig
 from lm.config.values import value_text
+from lm.hf import MODELS
 from lm.hf.rope import CannotExpress, refuse, rope_keys
 from lm.model.position.biases import alibi_slopes
 
@@ -23,13 +24,7 @@ TARGETS = {
     "none": "gpt2",
     "alibi": "mpt",
 }
-ARCHITECTURES = {
-    "gpt2": "GPT2LMHeadModel",
-    "gpt_neox": "GPTNeoXForCausalLM",
-    "mpt": "MptForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
+ARCHITECTURES = {model_type: architecture for model_type, (_, architecture) in MODELS.items()}
 LLAMA_STYLE = ("llama", "qwen3")
 """The targets of the Llama-style block: RMSNorm, SwiGLU, grouped-query attention, RoPE."""
 

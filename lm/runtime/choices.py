@@ -19,9 +19,14 @@ kept it from measuring.
 A measurement taken while other work kept the CPUs busy times that work as much as the
 candidates, and a cached answer would outlive it. So each measurement is watched (Linux's
 ``/proc/stat``: the CPU time every CPU spent busy, less this process's and its children's); one
-during which other work took more than the CPUs it left free is used by the run that made it
-but not kept, and the next run measures again. Where ``/proc/stat`` cannot be read (not Linux)
-nothing is watched.
+during which other work took more than the CPUs it left free is not kept, and the next run
+measures again. A run's dtype and kernel change its numbers, so there it gives way to the
+portable default (fp32, sdpa): one command trains one result however busy the machine; the
+jobs of ``--jobs auto`` change only how fast a sweep trains, so there it is used. Where
+``/proc/stat`` cannot be read (not Linux) nothing is watched.
+
+An entry counts only if it is one lm writes, checked once (:func:`_valid`) for every reader:
+a kind lm keeps, one of its values, every candidate's timing in milliseconds above 0.
 
 This module times what it is given and keeps the answers; what to time (a training step in
 each dtype) is the caller's (``lm.training.tune``). It imports no torch.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import json
 import math
 import os
@@ -141,24 +147,52 @@ def key(kind: str, context: dict[str, Any]) -> str:
     return json.dumps(entry, sort_keys=True, default=str)
 
 
+TIMED = {"train.dtype": ("fp32", "bf16"), "model.kernel": ("sdpa", "math")}
+"""The settings ``auto`` times for a run (``lm.training.tune``), each with its candidates."""
+
+
+def _expected(what: dict[str, Any]) -> tuple[set[str], set[str]] | None:
+    """The values an entry of this key's kind may take and the timings it names, or None for
+    a kind lm does not keep: a run's settings (one, or the dtype and the kernel together, whose
+    candidates are pairs such as ``bf16 math``), ``--jobs auto``'s probe (a step on every core
+    and on one thread) and its measurement (one job or one per core, and a job's start)."""
+    kind = what.get("kind")
+    if kind == "compare.probe":
+        return {"probe"}, {"every", "one"}
+    if kind == "compare.jobs":
+        cores = what.get("cores")
+        if not (type(cores) is int and cores >= 2):
+            return None
+        return {"1", str(cores)}, {"1", str(cores), "start"}
+    if kind not in ("train.dtype", "model.kernel", "train.dtype+model.kernel"):
+        return None
+    pairs = itertools.product(*(TIMED[setting] for setting in kind.split("+")))
+    names = {" ".join(pair) for pair in pairs}
+    return names, names
+
+
 def _valid(key: str, entry: Any) -> bool:
-    """Whether a kept entry is one this module wrote: its key a JSON object naming its kind,
-    its value a text, its timings finite numbers by candidate, its date a text."""
+    """Whether a kept entry is one this module wrote, so that every reader (``auto``,
+    ``--jobs auto``, ``lm choices``) sees the same entries: its key a JSON object of a kind lm
+    keeps, its value one that kind may take, its timings every candidate's and nothing else,
+    each a finite number of milliseconds above 0, its date a text."""
     try:
         what = json.loads(key)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
-    if not (isinstance(what, dict) and isinstance(what.get("kind"), str)):
+    expected = _expected(what) if isinstance(what, dict) else None
+    if expected is None or not isinstance(entry, dict):
         return False
-    if not (isinstance(entry, dict) and isinstance(entry.get("value"), str)):
+    values, timed = expected
+    ms = entry.get("ms_per_step")
+    value = entry.get("value")
+    if not isinstance(value, str) or value not in values or not isinstance(ms, dict):
         return False
-    ms = entry.get("ms_per_step", {})
-    if not isinstance(ms, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        for v in ms.values()
-    ):
+    if set(ms) != timed:
         return False
-    return isinstance(entry.get("measured", ""), str)
+    if not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in ms.values()):
+        return False
+    return isinstance(entry.get("measured"), str)
 
 
 def load() -> tuple[dict[str, dict[str, Any]], str]:
@@ -176,6 +210,8 @@ def load() -> tuple[dict[str, dict[str, Any]], str]:
         return {}, f"{path} cannot be read ({e.strerror or e})"
     except (ValueError, UnicodeDecodeError):
         return {}, f"{path} is not JSON"
+    except RecursionError:  # json's parser recurses once per bracket
+        return {}, f"{path} is not JSON lm can read (nested too deep)"
     if not isinstance(entries, dict):
         return {}, f"{path} is not a JSON object"
     kept = {k: v for k, v in entries.items() if _valid(k, v)}
@@ -235,13 +271,17 @@ def choose(
     prefer: Callable[[dict[str, float]], str],
     measure: Callable[[dict[str, Callable[[], float]]], dict[str, float]] | None = None,
     cpus_used: int | None = None,
+    default: str | None = None,
 ) -> Choice:
     """The kept choice of ``kind`` for ``context`` on this machine, or a new measurement:
     each of ``candidates`` (name -> a function timing one step, in seconds) is timed in turn,
     interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step.
     ``cpus_used``: the CPUs the measurement keeps busy (default: all), so that other work on
     the rest does not count against it; a measurement beside more, or one the cache cannot
-    hold (its file cannot be written), is used but not kept, and says why."""
+    hold (its file cannot be written), is used but not kept, and says why; a measurement
+    beside more that would change what a run computes gives way to ``default`` (named where
+    it would: its timings are the other work's as much as the candidates', and two runs of one
+    command would choose apart), with its timings and why."""
     k = key(kind, context)
     if (earlier := cached(kind, context, candidates)) is not None:
         return earlier
@@ -249,6 +289,9 @@ def choose(
     ms = (measure or interleaved)(candidates)
     value = prefer(ms)
     if busy := watch.disturbed(cpus_used):
+        if default is not None:
+            why = f"the default: measured beside other work, which decides nothing ({busy})"
+            return Choice(default, "fallback", ms, why=why, not_kept=busy)
         return Choice(value, "measured", ms, not_kept=busy)
     entries = read()
     entries[k] = {

@@ -310,12 +310,18 @@ def _build(run: _Run, chosen: DtypeAndKernel) -> _Net:
 def _say_measured(run: _Run, chosen: DtypeAndKernel) -> None:
     """One line for what ``auto`` measured now or earlier: the values, each candidate's step."""
     said = {"train.dtype": chosen.dtype_choice, "model.kernel": chosen.kernel_choice}
-    said = {k: c for k, c in said.items() if c is not None and c.how in ("measured", "cached")}
+    said = {k: c for k, c in said.items() if c is not None and c.ms_per_step}
     if not said:
         return
     first = next(iter(said.values()))  # one measurement decides both when both are left to it
     values = ", ".join(f"{k} {c.value}" for k, c in said.items())
     timings = ", ".join(f"{k} {v:.0f} ms" for k, v in first.ms_per_step.items())
+    if first.how == "fallback":  # measured beside other work: the default instead
+        run.log(
+            f"lm: auto: {values}, the default: measured beside other work ({timings} a step), "
+            f"which decides nothing: {first.not_kept}; not kept, the next run measures again"
+        )
+        return
     if first.not_kept:
         run.log(
             f"lm: auto: {values}, measured now ({timings} a step), not kept: {first.not_kept}; "

@@ -55,11 +55,15 @@ KERNEL_MARGIN = 0.97
 """The explicit kernel is kept where its step takes at most this fraction of SDPA's."""
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""The dtypes ``auto`` times on a CPU, by the names the cache keeps (``choices.TIMED``)."""
 
-KERNELS = ("sdpa", "math")
+KERNELS = choices.TIMED["model.kernel"]
 """The kernels ``auto`` times on a CPU (FlexAttention has no backward pass there)."""
 
 FALLBACK_KERNEL = "sdpa"
+FALLBACK_DTYPE = "fp32"
+"""What a measurement disturbed by other work gives way to: the portable default, so that one
+command trains one set of numbers whatever else the machine runs."""
 
 RECORDED = {"float32": "fp32", "bfloat16": "bf16"}
 """run.json's names of the dtypes ``auto`` may choose on a CPU."""
@@ -171,7 +175,9 @@ def _measured(
         name: choices.timed(lambda d=d, k=k: net(k)(dtypes[d])) for name, (d, k) in pairs.items()
     }
     prefer = lambda ms: _prefer_pair(ms, pairs)  # noqa: E731
-    choice = choices.choose(kind, context, steps, prefer, cpus_used=torch.get_num_threads())
+    default = _name(FALLBACK_DTYPE, FALLBACK_KERNEL, dtype_free, kernel_free)  # the free ones
+    threads = torch.get_num_threads()
+    choice = choices.choose(kind, context, steps, prefer, cpus_used=threads, default=default)
     d, k = pairs[choice.value]
     chosen = settled
     if dtype_free:
