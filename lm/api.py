@@ -11,6 +11,7 @@ and a prompt, shown inline in Jupyter.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -168,7 +169,9 @@ def loss_at(
     """Mean next-token loss at each context length, in tokens or multiples of the trained one
     (``"2x"``): ``{length: loss}``, None where the model has no positions that long (a learned
     table). The run's own split (``val`` or ``train``), read in non-overlapping windows;
-    ``lm eval``, whose refusals raise LMError with its message."""
+    ``lm eval``, whose refusals raise LMError with its message. What ``lm eval`` notes under
+    its table, a warning says: a length no window reaches (the loss is over shorter windows,
+    the whole split), or why a length has no loss."""
     specs = length_specs(lengths)
     for value, name in ((batch_size, "batch_size"), (max_batches, "max_batches")):
         if value is not None:
@@ -176,6 +179,9 @@ def loss_at(
     run = _loaded(run)
     device = str(next(run.model.parameters()).device)
     rows = evaluate_lengths(run, run.run_dir, specs, split, batch_size, device, max_batches)
+    for row in rows:
+        if row.get("note"):
+            warnings.warn(f"lengths: {row['context_length']}: {row['note']}", stacklevel=2)
     return {row["context_length"]: row["loss"] for row in rows}
 
 

@@ -59,6 +59,23 @@ def test_load_generate_and_loss_at_give_what_the_command_line_gives(trained, cap
     assert {r["context_length"]: r["loss"] for r in rows} == losses
 
 
+def test_loss_at_warns_what_lm_eval_notes_a_length_longer_than_the_split(tmp_path, capsys):
+    text = tmp_path / "short.txt"
+    text.write_text("".join(f"line {i} of a short text\n" for i in range(40)), encoding="utf-8")
+    data = {"source": str(text), "split_by": "line", "cache_dir": str(tmp_path / "cache")}
+    train = {"max_steps": 2, "eval_every": 0, "checkpoint_every": 2}
+    config = write_config(tmp_path / "c.yaml", data=data, train=train)
+    lm.train(config, tmp_path / "run", quiet=True)
+    with pytest.warns(UserWarning) as caught:
+        losses = lm.loss_at(tmp_path / "run", ["1x", 1000])
+    assert list(losses) == [32, 1000] and all(math.isfinite(v) for v in losses.values())
+    [warning] = caught  # 1x has its windows; 1000 tokens is more than the split holds
+    message = str(warning.message)
+    assert message.startswith("lengths: 1000: no window of the val split reaches 1000 tokens")
+    assert main(["eval", str(tmp_path / "run"), "--context-lengths", "1x,1000"]) == 0
+    assert message.removeprefix("lengths: ") in capsys.readouterr().out.splitlines()
+
+
 def test_the_notes_formulas_give_the_notes_numbers():
     q = torch.tensor([[1.0]])
     k = torch.tensor([[0.0], [math.log(2)], [math.log(3)]])
