@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lm.config.errors import LMError
+from lm.config.errors import FLAGS, LMError
 from lm.config.load import load_config
 from lm.config.names import ROTARY, SPLITS, XPOS_REACH, task_of
 from lm.config.sections import Config, DataConfig, ModelConfig
@@ -129,7 +129,9 @@ def length_specs(lengths: str | int | Sequence[str | int]) -> list[str]:
     """Evaluation lengths as the Python API takes them: text as ``--context-lengths`` reads it
     (``"1x,2x"``), one whole number of tokens, or a list of both; checked by
     :func:`parse_context_lengths`, as the flag is, with an LMError naming ``lengths``."""
-    items = [lengths] if isinstance(lengths, (str, int)) else list(lengths)
+    items = [lengths] if isinstance(lengths, (str, int)) else lengths
+    if not isinstance(items, (list, tuple)):
+        raise LMError(f"lengths: {lengths!r} is not a length or a list of lengths ('1x', 256)")
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
             raise LMError(
@@ -159,20 +161,23 @@ def load_evaluated(
     checkpoint: str | Path | None = None,
     device: str = "cpu",
     rope_scaling: str | None = None,
+    names: dict[str, str] = FLAGS,
 ) -> LoadedRun:
     """A run's model as trained, or with another RoPE context extension at evaluation time
     (``rope_scaling`` ``none``, ``pi:S``, ``ntk:S`` or ``yarn:S`` replaces the run's
-    ``model.rope_scaling``; YaRN's L stays the run's trained context). Same weights either way."""
-    if rope_scaling is not None:
-        method, _ = parse_rope_scaling(rope_scaling, "--rope-scaling")  # before any loading
-    run = load_run(run_dir, checkpoint, device)
+    ``model.rope_scaling``; YaRN's L stays the run's trained context). Same weights either way.
+    ``names``: how an error names ``checkpoint`` and ``rope_scaling`` (their flags, or
+    ``lm.config.errors.ARGUMENTS``)."""
+    if rope_scaling is not None:  # before any loading
+        method, _ = parse_rope_scaling(rope_scaling, names["rope_scaling"])
+    run = load_run(run_dir, checkpoint, device, names["checkpoint"])
     if rope_scaling is None:
         return run
     model = run.config.model
     if not set(ROTARY) & set(model.layer_positions):  # xPos rotates by RoPE's angles too
         raise LMError(
-            f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position_text} (rope and xpos rotate by RoPE's angles)"
+            f"{run_dir}: {names['rope_scaling']} {rope_scaling} extends RoPE; this run uses "
+            f"position: {model.position_text} (rope and xpos rotate by RoPE's angles)"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
