@@ -39,6 +39,7 @@ _API = {
     "rope": "lm.api",
     "view": "lm.api",
     "Config": "lm.config.sections",
+    "LMError": "lm.config.errors",
     "load_config": "lm.config.load",
     "TransformerLM": "lm.model.transformer",
 }

@@ -11,24 +11,26 @@ and a prompt, shown inline in Jupyter.
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from lm.config.errors import LMError
-from lm.config.load import load_config
+from lm.config.errors import ARGUMENTS, LMError
+from lm.config.load import load_config, with_overrides
 from lm.config.sections import Config
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
-from lm.explorer.gather import run_page
-from lm.explorer.make import page_html, run_name
+from lm.explorer.gather import prompt_ids, run_page
+from lm.explorer.make import kind_of, page_html, run_name
 from lm.explorer.page import Page, render
-from lm.model.kernels import attention
-from lm.model.masks import allowed_keys, causal_mask
+from lm.model import kernels, masks
+from lm.model.masks import allowed_keys
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import RopeAngles, rotate_pairs
-from lm.runs.directory import check_out_dir
+from lm.runs.directory import check_out_dir, refuse_overlap
 from lm.runs.load import LoadedRun
 from lm.runtime.device import resolve_device
 from lm.sample import generate as generate_ids
@@ -50,38 +52,61 @@ __all__ = [
 ]
 
 
+def _path(value: object, name: str) -> Path:
+    """An argument naming a file or folder, as a Path; anything else one line naming it."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise LMError(f"{name}: {value!r} is not a path: give a str or a pathlib.Path")
+
+
+def _overrides(value: object, name: str) -> list[str]:
+    """``overrides``: one ``KEY=VALUE`` text, or a list or tuple of them."""
+    items = [value] if isinstance(value, str) else value
+    if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+        return list(items)
+    raise LMError(f"{name}: {value!r} is not KEY=VALUE text or a list of it (train.lr=3e-4)")
+
+
 def train(
     config: Config | str | Path,
     out: str | Path | None = None,
     *,
-    overrides: Sequence[str] = (),
+    overrides: str | Sequence[str] = (),
     resume: bool = False,
     overwrite: bool = False,
     init_from: str | Path | None = None,
     quiet: bool = False,
     notes: Callable[[str], None] | None = None,
+    names: dict[str, str] = ARGUMENTS,
 ) -> TrainResult:
-    """Train a config (a YAML path, with dotted ``overrides`` such as ``"train.max_steps=50"``,
-    or a :class:`lm.config.Config`) into ``out`` (default ``runs/<config name>``, or
-    ``runs/default`` for a Config); ``lm train``. ``init_from``: start from another run's
-    weights (its tokenizer, fresh optimizer, step 0). Returns how it ended: ``.status`` (done,
-    target, interrupted, ...), ``.step``, ``.val_loss``, ``.run_dir``."""
+    """Train a config (a YAML path or a :class:`lm.config.Config`, with dotted ``overrides``
+    such as ``"train.max_steps=50"``: one text or a list) into ``out`` (default
+    ``runs/<config name>``, or ``runs/default`` for a Config); ``lm train``. ``init_from``:
+    start from another run's weights (its tokenizer, fresh optimizer, step 0). Returns how it
+    ended: ``.status`` (done, target, interrupted, ...), ``.step``, ``.val_loss``,
+    ``.run_dir``. ``names``: how an error names the arguments (the command line's flags:
+    ``lm.config.errors.FLAGS``)."""
     if resume and overwrite:
         raise LMError(
             "resume and overwrite: give one (resume continues the run, overwrite discards it)"
         )
+    overrides = _overrides(overrides, names["overrides"])
     if isinstance(config, Config):
-        if overrides:
-            raise ValueError("overrides apply to a config file; change a Config with .replace")
         name = "default"
-    else:
+        config = with_overrides(config, overrides, names["overrides"]) if overrides else config
+    elif isinstance(config, (str, os.PathLike)):
         name = Path(config).stem
-        config = load_config(config, list(overrides))
-    run_dir = check_out_dir(Path(out) if out is not None else Path("runs") / name)
+        config = load_config(config, overrides, names["overrides"])
+    else:
+        raise LMError(f"config: {config!r} is not a config: give a YAML file's path or a Config")
+    out = _path(out, names["out"]) if out is not None else Path("runs") / name
+    run_dir = check_out_dir(out, names["out"])
+    init_from = None if init_from is None else _path(init_from, names["init_from"])
+    refuse_overlap(run_dir, {names["init_from"]: init_from}, names["out"])
     # A run started from another's weights resumes with that run's tokenizer, as it began.
     source = init_from or (recorded_init_from(run_dir) if resume else None)
     if source:
-        config = config_for_init(config, source, notes)
+        config = config_for_init(config, source, notes, names["init_from"])
     return train_run(
         config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet, init_from=init_from
     )
@@ -93,13 +118,21 @@ def load(
     checkpoint: str | Path | None = None,
     device: str = "auto",
     rope_scaling: str | None = None,
+    names: dict[str, str] = ARGUMENTS,
 ) -> LoadedRun:
     """A trained run: ``.model`` (a :class:`lm.model.TransformerLM` in eval mode), ``.tokenizer``,
     ``.config``, ``.step``. The newest checkpoint unless ``checkpoint`` names one (a folder, or
     ``step_00000030``); ``rope_scaling`` (``pi:4``, ``ntk:4``, ``yarn:4``, ``none``) evaluates
-    a RoPE run with another context extension, the same weights."""
+    a RoPE run with another context extension, the same weights. ``names``: as :func:`train`'s."""
+    run_dir = _path(run_dir, "run_dir")
+    if checkpoint is not None:
+        checkpoint = _path(checkpoint, names["checkpoint"])
+    if rope_scaling is not None:
+        rope_scaling = checked_text(rope_scaling, names["rope_scaling"])
+    if not isinstance(device, str):
+        raise LMError(f"device: {device!r} is not a device name (auto, cpu, cuda, cuda:N, mps)")
     where = str(resolve_device(device, "device"))
-    return load_evaluated(run_dir, checkpoint, where, rope_scaling)
+    return load_evaluated(run_dir, checkpoint, where, rope_scaling, names)
 
 
 def _loaded(run: LoadedRun | str | Path) -> LoadedRun:
@@ -129,7 +162,9 @@ def generate(
     The prompts decode as one left-padded batch, each exactly as it would alone; an empty prompt
     starts a new document. ``run`` may be a run directory, loaded as :func:`load` does.
     Arguments ``lm sample`` would refuse raise LMError with its message."""
-    texts = [prompts] if isinstance(prompts, str) else list(prompts)
+    texts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(texts, (list, tuple)):
+        raise LMError(f"prompts: {prompts!r} is not text or a list of texts")
     if not texts:
         raise LMError("prompts: none given (an empty string '' starts a new document)")
     texts = [checked_text(text, "prompts") for text in texts]
@@ -168,7 +203,9 @@ def loss_at(
     """Mean next-token loss at each context length, in tokens or multiples of the trained one
     (``"2x"``): ``{length: loss}``, None where the model has no positions that long (a learned
     table). The run's own split (``val`` or ``train``), read in non-overlapping windows;
-    ``lm eval``, whose refusals raise LMError with its message."""
+    ``lm eval``, whose refusals raise LMError with its message. What ``lm eval`` notes under
+    its table, a warning says: a length no window reaches (the loss is over shorter windows,
+    the whole split), or why a length has no loss."""
     specs = length_specs(lengths)
     for value, name in ((batch_size, "batch_size"), (max_batches, "max_batches")):
         if value is not None:
@@ -176,7 +213,33 @@ def loss_at(
     run = _loaded(run)
     device = str(next(run.model.parameters()).device)
     rows = evaluate_lengths(run, run.run_dir, specs, split, batch_size, device, max_batches)
+    for row in rows:
+        if row.get("note"):
+            warnings.warn(f"lengths: {row['context_length']}: {row['note']}", stacklevel=2)
     return {row["context_length"]: row["loss"] for row in rows}
+
+
+def _tensor(value: object, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    raise LMError(f"{name}: {type(value).__name__} is not a tensor (torch.tensor({value!r}))")
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The notes' ``Y, A`` of ``softmax_row(QK^T/sqrt(d_k) + M) V``: ``(Y, A)`` for q ``[...,
+    L_q, d_k]``, k ``[..., L_k, d_k]``, v ``[..., L_k, d_v]``; ``mask`` additive or boolean."""
+    for value, name in ((q, "q"), (k, "k"), (v, "v"), (mask, "mask")):
+        if value is not None or name != "mask":
+            _tensor(value, name)
+    return kernels.attention(q, k, v, mask)
+
+
+def causal_mask(L: int) -> torch.Tensor:
+    """The notes' additive causal mask ``M`` ``[L, L]``: 0 on and below the diagonal, -inf
+    above."""
+    return masks.causal_mask(whole_number(L, 1, "L"))
 
 
 def attention_mask(key_mask: torch.Tensor, causal: bool = True) -> torch.Tensor:
@@ -185,7 +248,7 @@ def attention_mask(key_mask: torch.Tensor, causal: bool = True) -> torch.Tensor:
     and with ``causal`` the causal mask (no key after its query). A query with no key to read
     (left padding) reads every key instead, as the model's kernels do, and is zeroed after.
     Without ``causal`` every query reads the same keys: the one row, repeated (a view)."""
-    B, L = key_mask.shape
+    B, L = _tensor(key_mask, "key_mask").shape
     mask, _ = allowed_keys(key_mask, None, causal, L, L, 0, key_mask.device)
     return mask.expand(B, 1, L, L)
 
@@ -193,13 +256,14 @@ def attention_mask(key_mask: torch.Tensor, causal: bool = True) -> torch.Tensor:
 def sinusoids(length: int, d: int) -> torch.Tensor:
     """The notes' fixed sinusoids ``[length, d]``: ``p[l, 2i] = sin(l w_i)``, ``p[l, 2i+1] =
     cos(l w_i)``, ``w_i = 10000^(-2i/d)``."""
-    return sinusoidal_table(length, d)
+    return sinusoidal_table(whole_number(length, 1, "length"), whole_number(d, 2, "d"))
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """RoPE as the notes write it: pair ``i`` of ``x [..., L, d_k]`` (features ``2i, 2i+1``) at
     position ``l`` (``positions [L]``) rotated by ``l theta_i``, ``theta_i = base^(-2i/d_k)``.
     ``x`` is a floating-point tensor (a rotation of integers would round to them)."""
+    x, positions = _tensor(x, "x"), _tensor(positions, "positions")
     if not x.is_floating_point():
         raise LMError(f"rope: x is a {x.dtype} tensor; rotate a floating-point one (x.float())")
     cos, sin = RopeAngles(x.shape[-1], base).cos_sin(positions, x.dtype)
@@ -211,9 +275,15 @@ def view(run: LoadedRun | str | Path, prompt: str | None = None, *, device: str 
     a comparison's folder (``prompt`` default: its report's): attention maps of every layer and
     head, the position signal against distance, the 1x and 4x views. In Jupyter it shows
     inline; ``.save(path)`` writes it, ``.html`` is its text."""
+    if prompt is not None:
+        checked_text(prompt, "prompt")
     if not isinstance(run, LoadedRun):
-        return Page(page_html(run, prompt, str(resolve_device(device, "device"))))
+        path = _path(run, "run")
+        if kind_of(path) == "compare":
+            return Page(page_html(path, prompt, str(resolve_device(device, "device"))))
+        run = load(path, device=device)
     if prompt is None:
         raise LMError("prompt: a run's page needs the text whose attention to show")
+    prompt_ids(run, prompt, "prompt")  # checked, and named as the API names it
     name = run_name(run.run_dir) if run.run_dir is not None else "run"
     return Page(render(run_page(run, prompt, name)))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
-from lm.config.errors import LMError, one_line
+from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.explorer.flags import add_view_parser, view_command
@@ -348,6 +348,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         quiet=args.quiet,
         notes=None if args.quiet else lambda line: _say(line, alike=True),
+        names=FLAGS,
     )
     code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
     if result.message:  # every process agreed on it: said once
@@ -382,7 +383,11 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     device = str(resolve_device(args.device, "--device"))  # a wrong one named by its flag
     run = load(
-        args.run_dir, checkpoint=args.checkpoint, device=device, rope_scaling=args.rope_scaling
+        args.run_dir,
+        checkpoint=args.checkpoint,
+        device=device,
+        rope_scaling=args.rope_scaling,
+        names=FLAGS,
     )
     texts = _read_prompts(args.prompt)
     if args.temperature == 0.0:

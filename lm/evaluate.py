@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lm.config.errors import LMError
+from lm.config.errors import FLAGS, LMError
 from lm.config.load import load_config
 from lm.config.names import ROTARY, SPLITS, XPOS_REACH, task_of
 from lm.config.sections import Config, DataConfig, ModelConfig
@@ -40,6 +40,7 @@ from lm.model.position.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.directory import CONFIG, TOKENIZER
 from lm.runs.load import LoadedRun, load_run
+from lm.runtime.device import seeded_draws
 from lm.runtime.distributed import World, all_reduce_sum
 from lm.sample import generate
 
@@ -58,8 +59,11 @@ def evaluate(
     autocast: contextlib.AbstractContextManager | None = None,
     max_batches: int | None = None,
     world: World | None = None,
+    draws: tuple | None = None,
 ) -> tuple[float, int]:
-    """Mean next-token loss over the split (every target once) and the number of targets."""
+    """Mean next-token loss over the split (every target once) and the number of targets.
+    ``draws``: the key (:func:`eval_draws`) that seeds, with each batch's index, the positions
+    a model drawing them at evaluation reads."""
     world = world or World()
     was_training = model.training
     model.eval()
@@ -67,9 +71,10 @@ def evaluate(
     batches: Iterator = eval_batches(
         split, data, context_length, batch_size, pad_id, max_batches, world.rank, world.size
     )
-    for batch in batches:
+    for i, batch in enumerate(batches):
         b = model_inputs(batch, device)
-        with autocast or contextlib.nullcontext():
+        seeded = seeded_draws(device, *draws, world.rank, i) if draws else contextlib.nullcontext()
+        with autocast or contextlib.nullcontext(), seeded:
             logits = model(**b["inputs"])
         total[0] += loss_sum(logits, b["targets"], b["loss_mask"]).double()
         total[1] += batch["loss_mask"].sum().item()
@@ -77,6 +82,13 @@ def evaluate(
     model.train(was_training)
     count = int(total[1].item())
     return (total[0].item() / count if count else float("nan")), count
+
+
+def eval_draws(config: Config, split: str, length: int) -> tuple | None:
+    """The key that seeds the positions a run drawing them at evaluation
+    (``model.random_positions_eval``) reads on ``split`` at ``length``: its ``train.seed``, the
+    split and the length, so that an evaluation is a function of the run. None: nothing drawn."""
+    return (config.train.seed, split, length) if config.model.random_positions_eval else None
 
 
 def parse_context_lengths(text: str) -> list[str]:
@@ -117,7 +129,9 @@ def length_specs(lengths: str | int | Sequence[str | int]) -> list[str]:
     """Evaluation lengths as the Python API takes them: text as ``--context-lengths`` reads it
     (``"1x,2x"``), one whole number of tokens, or a list of both; checked by
     :func:`parse_context_lengths`, as the flag is, with an LMError naming ``lengths``."""
-    items = [lengths] if isinstance(lengths, (str, int)) else list(lengths)
+    items = [lengths] if isinstance(lengths, (str, int)) else lengths
+    if not isinstance(items, (list, tuple)):
+        raise LMError(f"lengths: {lengths!r} is not a length or a list of lengths ('1x', 256)")
     for item in items:
         if isinstance(item, bool) or not isinstance(item, (str, int)):
             raise LMError(
@@ -147,20 +161,23 @@ def load_evaluated(
     checkpoint: str | Path | None = None,
     device: str = "cpu",
     rope_scaling: str | None = None,
+    names: dict[str, str] = FLAGS,
 ) -> LoadedRun:
     """A run's model as trained, or with another RoPE context extension at evaluation time
     (``rope_scaling`` ``none``, ``pi:S``, ``ntk:S`` or ``yarn:S`` replaces the run's
-    ``model.rope_scaling``; YaRN's L stays the run's trained context). Same weights either way."""
-    if rope_scaling is not None:
-        method, _ = parse_rope_scaling(rope_scaling, "--rope-scaling")  # before any loading
-    run = load_run(run_dir, checkpoint, device)
+    ``model.rope_scaling``; YaRN's L stays the run's trained context). Same weights either way.
+    ``names``: how an error names ``checkpoint`` and ``rope_scaling`` (their flags, or
+    ``lm.config.errors.ARGUMENTS``)."""
+    if rope_scaling is not None:  # before any loading
+        method, _ = parse_rope_scaling(rope_scaling, names["rope_scaling"])
+    run = load_run(run_dir, checkpoint, device, names["checkpoint"])
     if rope_scaling is None:
         return run
     model = run.config.model
     if not set(ROTARY) & set(model.layer_positions):  # xPos rotates by RoPE's angles too
         raise LMError(
-            f"{run_dir}: --rope-scaling {rope_scaling} extends RoPE; this run uses position: "
-            f"{model.position_text} (rope and xpos rotate by RoPE's angles)"
+            f"{run_dir}: {names['rope_scaling']} {rope_scaling} extends RoPE; this run uses "
+            f"position: {model.position_text} (rope and xpos rotate by RoPE's angles)"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
@@ -217,6 +234,7 @@ def evaluate_lengths(
             prepared.tokenizer.pad_id,
             torch.device(device),
             max_batches=max_batches,
+            draws=eval_draws(cfg, split, length),
         )
         row.update(
             loss=loss,
@@ -241,9 +259,15 @@ def evaluate_lengths(
 
 def _out_of_reach(model: ModelConfig, length: int) -> str:
     """Why a model has no loss at ``length``, or '': a learned table has no vector past its
-    rows; xPos's scales leave fp32 past its reach (``lm.model.position.rope.xpos_reach``)."""
+    rows; positions drawn at evaluation are distinct draws from ``[0, M)``, so at most M;
+    xPos's scales leave fp32 past its reach (``lm.model.position.rope.xpos_reach``)."""
     if model.position == "learned" and length > model.position_range:
         return f"learned positions stop at {model.position_range}: no vector for longer contexts"
+    if model.random_positions_eval and length > model.random_positions:
+        return (
+            f"model.random_positions_eval draws {length} distinct positions from "
+            f"[0, {model.random_positions}): there are not that many"
+        )
     reach = xpos_reach(model.xpos_scale_base)
     if "xpos" in model.layer_positions and length > reach:
         return (
@@ -319,12 +343,14 @@ def task_accuracy(
     (per split and length for a task asked in splits, ``lm.data.tasks.splits``): ``length``,
     ``accuracy``, ``correct``, ``examples``, ``trained`` (a training length, and for a split
     task the training split), and for a split task ``split``. With
-    ``model.random_positions_eval`` the positions are drawn afresh at every decoding pass."""
+    ``model.random_positions_eval`` the positions are drawn afresh at every decoding pass, from
+    the run's ``train.seed``, the batch's prompts and the pass (``lm.sample.generate``)."""
     data = run.config.data
     task = task_of(data.source)
     trained, lengths = data.task_ranges()
     tok = run.tokenizer
     size = batch_size or run.config.train.eval_batch()
+    seed = run.config.train.seed  # greedy: it seeds only positions drawn at evaluation
     rows = []
     for index, (split, settings) in enumerate(splits(task, TaskSettings.of(data))):
         for length in lengths:
@@ -336,7 +362,8 @@ def task_accuracy(
             for i in range(0, len(pairs), size):
                 want = answers[i : i + size]
                 longest = max(map(len, want)) + 1  # the answer, then <eod>
-                got = generate(run.model, prompts[i : i + size], longest, tok.pad_id, tok.eod_id)
+                batch = prompts[i : i + size]
+                got = generate(run.model, batch, longest, tok.pad_id, tok.eod_id, seed=seed)
                 correct += sum(g == w for g, w in zip(got, want, strict=True))
             row = {"split": split} if split is not None else {}
             rows.append(

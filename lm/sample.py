@@ -12,7 +12,9 @@ the device in one preallocated buffer: the host reads it once at the end (and ch
 every row has ended only every ``DONE_CHECK_EVERY`` tokens). With a seed, each prompt draws from
 its own generator seeded from the seed and the prompt's tokens, so a prompt's continuation is
 the same alone, anywhere in a batch, and whatever its neighbours; identical prompts in one
-batch therefore sample identically.
+batch therefore sample identically. A model drawing its positions at evaluation
+(``model.random_positions_eval``) draws them at every pass from the seed and the prompts: the
+same call decodes the same text.
 
 The one-token step has fixed shapes whatever the step (the cache's slots are preallocated and
 written at a device-side index), so ``compile_step`` compiles it as one graph: no graph break,
@@ -23,12 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Callable
 
 import torch
 
 from lm.model.cache import KVCache
 from lm.model.transformer import TransformerLM
-from lm.runtime.device import compile_model
+from lm.runtime.device import compile_model, seeded_draws
 
 DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"
 
@@ -66,6 +69,18 @@ def _next_tokens(
     pairs = zip(probs, generators, strict=True)
     rows = [torch.multinomial(p[None], 1, generator=g) for p, g in pairs]  # (1, 1) each
     return torch.cat(rows).squeeze(-1)
+
+
+def _position_draws(
+    model: TransformerLM, prompts: list[list[int]], seed: int | None, device: torch.device
+) -> Callable[[int], contextlib.AbstractContextManager]:
+    """Each pass's seeding of the positions a model draws at evaluation
+    (``model.random_positions_eval``): from ``seed``, the prompts and the pass, so that the same
+    call decodes the same text, greedy or seeded (the draws depend on the batch)."""
+    if not model.config.random_positions_eval:
+        return lambda step: contextlib.nullcontext()
+    key = hashlib.sha256(repr((seed, prompts)).encode()).hexdigest()
+    return lambda step: seeded_draws(device, key, step)
 
 
 def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
@@ -106,6 +121,7 @@ def generate(
         ids[i, S - len(p) : S] = torch.tensor(p, dtype=torch.long)
         mask[i, S - len(p) : S] = True
     generators = None if seed is None else prompt_generators(prompts, seed, device)
+    draws = _position_draws(model, prompts, seed, device)
     autocast = _autocast(device)
     cache_dtype = torch.bfloat16 if isinstance(autocast, torch.autocast) else None
     step_model = model
@@ -117,7 +133,7 @@ def generate(
     steps = 0
     for step in range(max_new_tokens):
         end = S + step  # slots filled so far
-        with autocast:
+        with autocast, draws(step):
             if use_cache and end <= C:
                 if cache is None:  # the prompt: capacity for every slot up to the context
                     cache = model.new_cache(B, min(C, S + max_new_tokens), cache_dtype)

@@ -35,8 +35,9 @@ def test_train_from_a_file_with_overrides_and_from_a_config(trained, tmp_path):
     config = tiny_config(train={"max_steps": 4, "eval_every": 0}, data={"cache_dir": str(root)})
     again = lm.train(config, tmp_path / "obj", quiet=True)
     assert again.status == "done" and again.step == 4
-    with pytest.raises(ValueError, match="overrides apply to a config file"):
-        lm.train(config, tmp_path / "x", overrides=["train.max_steps=2"])
+    # Overrides apply to a Config as to a file; one text is one override.
+    again = lm.train(config, tmp_path / "x", overrides="train.max_steps=2", quiet=True)
+    assert again.step == 2 and again.run_dir == tmp_path / "x"
     with pytest.raises(lm.config.LMError, match="already"):  # a run is never clobbered
         lm.train(config, tmp_path / "obj", quiet=True)
 
@@ -57,6 +58,55 @@ def test_load_generate_and_loss_at_give_what_the_command_line_gives(trained, cap
     assert main(["eval", str(root / "run"), "--context-lengths", "1x,48"]) == 0
     rows = json.loads((root / "run" / "eval.json").read_text())["rows"]
     assert {r["context_length"]: r["loss"] for r in rows} == losses
+
+
+def test_loss_at_warns_what_lm_eval_notes_a_length_longer_than_the_split(tmp_path, capsys):
+    text = tmp_path / "short.txt"
+    text.write_text("".join(f"line {i} of a short text\n" for i in range(40)), encoding="utf-8")
+    data = {"source": str(text), "split_by": "line", "cache_dir": str(tmp_path / "cache")}
+    train = {"max_steps": 2, "eval_every": 0, "checkpoint_every": 2}
+    config = write_config(tmp_path / "c.yaml", data=data, train=train)
+    lm.train(config, tmp_path / "run", quiet=True)
+    with pytest.warns(UserWarning) as caught:
+        losses = lm.loss_at(tmp_path / "run", ["1x", 1000])
+    assert list(losses) == [32, 1000] and all(math.isfinite(v) for v in losses.values())
+    [warning] = caught  # 1x has its windows; 1000 tokens is more than the split holds
+    message = str(warning.message)
+    assert message.startswith("lengths: 1000: no window of the val split reaches 1000 tokens")
+    assert main(["eval", str(tmp_path / "run"), "--context-lengths", "1x,1000"]) == 0
+    assert message.removeprefix("lengths: ") in capsys.readouterr().out.splitlines()
+
+
+WRONG = {
+    "config": lambda run, d: lm.train(123),
+    "run_dir": lambda run, d: lm.load(None),
+    "prompts": lambda run, d: lm.generate(run, None),
+    "prompt": lambda run, d: lm.view(run, 5),
+    "overrides": lambda run, d: lm.train(d / "tiny.yaml", d / "o", overrides=[1]),
+    "overrides ": lambda run, d: lm.train(run.config, d / "o", overrides="train.max_steps"),
+    "checkpoint": lambda run, d: lm.load(d / "run", checkpoint="step_99"),
+    "rope_scaling": lambda run, d: lm.load(d / "run", rope_scaling="big"),
+    "init_from": lambda run, d: lm.train(run.config, d / "o", init_from=d / "none"),
+    "init_from ": lambda run, d: lm.train(run.config, d / "run", overwrite=True, init_from=d),
+    "lengths": lambda run, d: lm.loss_at(run, None),
+    "device": lambda run, d: lm.load(d / "run", device=0),
+    "q": lambda run, d: lm.attention(None, torch.ones(1, 2), torch.ones(1, 2)),
+    "L": lambda run, d: lm.causal_mask(None),
+    "key_mask": lambda run, d: lm.attention_mask([[True]]),
+    "length": lambda run, d: lm.sinusoids(None, 4),
+    "positions": lambda run, d: lm.rope(torch.ones(2, 4), [0, 1]),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_a_wrong_argument_is_one_line_naming_it_and_no_flag(trained, name):
+    root, _ = trained
+    run = lm.load(root / "run", device="cpu")
+    with pytest.raises(lm.LMError) as e:
+        WRONG[name](run, root)
+    message = str(e.value)
+    assert message.startswith(name) and "\n" not in message and " --" not in message
+    assert not (root / "o").exists()
 
 
 def test_the_notes_formulas_give_the_notes_numbers():

@@ -15,6 +15,7 @@ import torch
 from _support import assert_one_line, expect_error, tiny_config, write_config
 
 from lm.cli import main
+from lm.compare.diagnostics import draw_attention
 from lm.config.errors import ConfigError
 from lm.config.load import load_config
 from lm.config.names import task_tokens
@@ -26,7 +27,9 @@ from lm.data.tasks import (
     splits,
     training_examples,
 )
+from lm.explorer.gather import prompt_view
 from lm.model.transformer import TransformerLM
+from lm.runs.load import load_run
 from lm.sample import generate
 
 NEW = ("counting", "selective_copy", "mqar", "indexing", "parity")
@@ -289,11 +292,59 @@ def test_positions_drawn_at_evaluation_change_every_pass_and_decode_without_a_ca
         raise AssertionError("a KV cache would hold one draw's keys")
 
     monkeypatch.setattr(drawn, "new_cache", no_cache)
-    out = generate(drawn, [[1, 2, 3], [4, 5]], 4, pad_id=0)
-    assert [len(o) for o in out] == [4, 4]
+    with torch.no_grad():
+        drawn.pos_embed.weight.mul_(50)  # the positions, not the last token, pick the next one
+    out = generate(drawn, [[1, 2, 3], [4, 5]], 8, pad_id=0)
+    assert [len(o) for o in out] == [8, 8]
+    for seed in range(3):  # the draws come from the prompts (and a seed), not torch's stream
+        torch.manual_seed(seed)
+        assert generate(drawn, [[1, 2, 3], [4, 5]], 8, pad_id=0) == out
     monkeypatch.setattr(plain, "new_cache", no_cache)
     with pytest.raises(AssertionError, match="one draw"):
         generate(plain, [[1, 2, 3]], 2, pad_id=0)
+
+
+def test_lm_eval_of_a_run_drawing_positions_at_evaluation_is_a_function_of_the_run(tmp_path):
+    """Positions drawn at evaluation come from the run's seed, the split, the length and the
+    batch: lm eval twice gives the same losses and accuracies, whatever torch's stream holds."""
+    config = write_config(
+        tmp_path / "parity.yaml",
+        model={"position": "rope", "random_positions": 128, "random_positions_eval": True},
+        data={
+            "source": "builtin:parity",
+            "mode": "padded",
+            "cache_dir": str(tmp_path / "cache"),
+            "task_lengths": "2-3",
+            "task_eval_lengths": "2-4",
+            "task_eval_examples": 24,
+        },
+        train={"max_steps": 40, "eval_every": 20, "checkpoint_every": 40},
+    )
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--out", str(run), "--quiet"]) == 0
+    argv = ["eval", str(run), "--context-lengths", "1x,2x", "--max-batches", "8"]
+    results = []
+    for _ in range(2):
+        torch.manual_seed(len(results))  # whatever torch's stream holds, the same numbers
+        assert main(argv) == 0
+        results.append(json.loads((run / "eval.json").read_text()))
+    assert results[0]["rows"] == results[1]["rows"]
+    assert results[0]["accuracy"] == results[1]["accuracy"]
+    # Longer than model.random_positions (M = 4x): no draw of that many distinct positions.
+    assert main(["eval", str(run), "--context-lengths", "5x", "--max-batches", "1"]) == 0
+    row = json.loads((run / "eval.json").read_text())["rows"][0]
+    assert row["loss"] is None and "draws 160 distinct positions from [0, 128)" in row["note"]
+    # The validation the training logged is lm eval's at 1x, batch for batch.
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val = [r["val_loss"] for r in logged if "val_loss" in r][-1]
+    assert main(["eval", str(run), "--max-batches", "4"]) == 0
+    assert json.loads((run / "eval.json").read_text())["rows"][0]["loss"] == pytest.approx(val)
+    # lm view's data and lm plot's attention of a text: the same draw each time too.
+    loaded = load_run(run)
+    views = [prompt_view(loaded, "0110=", long=False) for _ in range(2)]
+    assert views[0] == views[1]
+    pictures = [draw_attention(run, "0110=", out=tmp_path / f"{i}.png") for i in range(2)]
+    assert (pictures[0].weights == pictures[1].weights).all()
 
 
 def test_a_tiny_counting_sweep_reports_accuracy_per_split_and_length(tmp_path, capsys):

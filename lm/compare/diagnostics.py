@@ -29,6 +29,7 @@ from lm.model.position.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.runs.directory import TOKENIZER, check_out_dir
 from lm.runs.load import load_run
+from lm.runtime.device import seeded_draws
 
 
 @dataclass
@@ -123,7 +124,8 @@ def draw_attention(
     unknown = run.tokenizer.count_unknown(text)
     if unknown:
         print(f"lm: {unknown} character(s) of the text became <unk>", file=sys.stderr)
-    _, weights = run.model.attention_weights(torch.tensor([ids], device=device))[layer]
+    with seeded_draws(torch.device(device), run.config.train.seed, ids):  # drawn positions
+        _, weights = run.model.attention_weights(torch.tensor([ids], device=device))[layer]
     weights = weights[0, heads].float().cpu().numpy()  # (heads, T, T)
     tokens = [token_text(run.tokenizer, i) for i in ids]
     plots.attention_maps(
@@ -166,7 +168,9 @@ def draw_score_by_offset(
     pairs = np.array([int(torch.diagonal(seen, -d, -2, -1).sum()) for d in range(T)])
     T = int(np.flatnonzero(pairs)[-1]) + 1  # offsets no sequence reaches are left out
     profile = np.zeros((cfg.model.n_layer, cfg.model.n_head, T))
-    for i, (s, _) in enumerate(run.model.attention_weights(ids, key_mask, segments)):
+    with seeded_draws(ids.device, cfg.train.seed, "val", C):  # drawn positions
+        layers = run.model.attention_weights(ids, key_mask, segments)
+    for i, (s, _) in enumerate(layers):
         for offset in range(T):
             # The offset-th diagonal below the main one: every (query l, key l - offset) pair.
             diagonal = torch.diagonal(s, offset=-offset, dim1=-2, dim2=-1)  # (B, H, T - offset)
@@ -232,7 +236,8 @@ def draw_bias_by_distance(
     data = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
     batch = next(eval_batches(data.val, cfg.data, C, 1, data.tokenizer.pad_id, max_batches=1))
     real = int(batch["key_mask"][0].sum())  # a window's real tokens
-    drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
+    with seeded_draws(torch.device(device), cfg.train.seed, "val", C):  # drawn positions
+        drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
     path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
     reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in CONTENT_BIASES]
     of = f", on the first validation window ({' and '.join(reads)} read its text)" if reads else ""

@@ -20,6 +20,19 @@ class DataError(LMError):
     """The text or tokenizer a config points at cannot be used: missing, empty or malformed."""
 
 
+FLAGS = {
+    "overrides": "--set",
+    "init_from": "--init-from",
+    "checkpoint": "--checkpoint",
+    "rope_scaling": "--rope-scaling",
+    "prompt": "--prompt",
+    "out": "--out",
+}
+"""How a one-line error names an argument the Python API shares with the command line: by its
+flag on the command line (these), by its own name through the API (``ARGUMENTS``)."""
+ARGUMENTS = {name: name for name in FLAGS}
+
+
 def one_line(text: str) -> str:
     """A message as one line whatever it quotes (a file name or flag may hold a newline)."""
     return text.replace("\r", "\\r").replace("\n", "\\n")

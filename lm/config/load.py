@@ -186,8 +186,11 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"{path}: not a valid safe YAML config{_yaml_problem(e)}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """The config in ``path`` (defaults when None) with ``KEY=VALUE`` overrides applied."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, flag: str = "--set"
+) -> Config:
+    """The config in ``path`` (defaults when None) with ``KEY=VALUE`` overrides applied (named
+    ``flag`` in an error)."""
     raw = read_yaml(path) if path is not None else {}
     if raw is None:
         raw = {}
@@ -197,7 +200,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     raw = {
         k: _renamed(k, v) if k in SECTIONS and isinstance(v, dict) else v for k, v in raw.items()
     }
-    return config_from_dict(merge(raw, parse_overrides(overrides or [])))
+    return config_from_dict(merge(raw, parse_overrides(overrides or [], flag)))
+
+
+def with_overrides(config: Config, overrides: list[str], flag: str = "--set") -> Config:
+    """``config`` with ``KEY=VALUE`` overrides applied, checked as a file's are."""
+    return config_from_dict(merge(config.to_dict(), parse_overrides(overrides, flag)))
 
 
 def save_config(config: Config, path: str | Path) -> None:

@@ -104,7 +104,8 @@ class ModelConfig(ModelChecks):
     random_positions_eval: bool = False
     """With random_positions: draw them at evaluation too, at every forward pass (lm eval, a
     task's accuracy, validation; decoding then runs without a KV cache), as Ruoss et al.'s code
-    does; false: evaluation and sampling read 0..L-1."""
+    does, from train.seed, the split, the length and the batch (the same numbers every time, for
+    one evaluation batch size); false: evaluation and sampling read 0..L-1."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches during training."""
     normalize: str = "softmax"

@@ -17,6 +17,7 @@ from lm.explorer import maps as measure
 from lm.explorer.signal import signal_charts, undrawn
 from lm.runs.directory import CONFIG
 from lm.runs.load import LoadedRun, load_run
+from lm.runtime.device import seeded_draws
 from lm.sample import generate
 from lm.training.metrics import read_metrics
 
@@ -139,6 +140,12 @@ def prompt_view(run: LoadedRun, text: str, long: bool = True) -> dict[str, Any]:
     """The page's data for ``text``: its tokens, every layer's and head's map, the signal
     charts and (with ``long``) the 4x view."""
     ids = prompt_ids(run, text)
+    device = next(run.model.parameters()).device
+    with seeded_draws(device, run.config.train.seed, ids):  # positions drawn at evaluation
+        return _prompt_view(run, text, ids, long)
+
+
+def _prompt_view(run: LoadedRun, text: str, ids: list[int], long: bool) -> dict[str, Any]:
     maps = measure.attention_maps(run.model, ids)
     C = run.config.model.context_length
     if run.config.model.layer_positions[0] == "learned":

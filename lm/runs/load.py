@@ -36,8 +36,8 @@ class LoadedRun:
     run_dir: Path | None = None
 
 
-def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
-    """``--checkpoint`` as a path, or as the name of one of the run's checkpoints
+def _named_checkpoint(run_dir: Path, checkpoint: str | Path, flag: str) -> Path:
+    """``--checkpoint`` (``flag``) as a path, or as the name of one of the run's checkpoints
     (``step_00000030``)."""
     path = Path(checkpoint)
     if path.exists():
@@ -46,15 +46,19 @@ def _named_checkpoint(run_dir: Path, checkpoint: str | Path) -> Path:
     if path.parent == Path(".") and named.exists():
         return named
     raise CheckpointError(
-        f"--checkpoint {checkpoint}: no such checkpoint (give a path or a name in "
+        f"{flag} {checkpoint}: no such checkpoint (give a path or a name in "
         f"{run_dir / CHECKPOINTS})"
     )
 
 
 def load_run(
-    run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu"
+    run_dir: str | Path,
+    checkpoint: str | Path | None = None,
+    device: str = "cpu",
+    flag: str = "--checkpoint",
 ) -> LoadedRun:
-    """The trained model of a run (newest checkpoint unless one is named), in eval mode."""
+    """The trained model of a run (newest checkpoint unless one is named, ``flag`` in an error),
+    in eval mode."""
     run_dir = Path(run_dir)
     if run_dir.is_file():
         raise LMError(f"{run_dir}: is a file, not a run directory (give the folder lm train wrote)")
@@ -70,7 +74,7 @@ def load_run(
             f"tokenizer.json has {tokenizer.vocab_size} tokens"
         )
     if checkpoint is not None:
-        path: Path | None = _named_checkpoint(run_dir, checkpoint)
+        path: Path | None = _named_checkpoint(run_dir, checkpoint, flag)
     else:
         path = latest_checkpoint(run_dir)
     if path is None:
@@ -84,7 +88,7 @@ def load_run(
         if older is None:
             raise
         raise CheckpointError(
-            f"{e}; the older checkpoint {older.name} is intact: pass --checkpoint {older.name}"
+            f"{e}; the older checkpoint {older.name} is intact: pass {flag} {older.name}"
         ) from None
     step = read_state(folder)["step"] if (folder / "state.json").is_file() else 0
     return LoadedRun(config, tokenizer, model.to(device).eval(), path, step, run_dir)

@@ -5,9 +5,11 @@ eval`` and the scripts pick a device or a dtype without loading the training loo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 
 import torch
 
@@ -120,3 +122,16 @@ def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.Abs
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def seeded_draws(device: torch.device, *key: object) -> Iterator[None]:
+    """torch's generators, inside, seeded from ``key`` (a run's seed, then what is evaluated:
+    split, length, batch...) and restored after: the positions a model draws at evaluation
+    (``model.random_positions_eval``) are then a function of the run and the key, and a training
+    run's own stream is left where it was."""
+    digest = hashlib.sha256(repr(key).encode()).digest()
+    devices = [] if device.type == "cpu" else [device]  # the CPU's is always restored
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        torch.manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
+        yield

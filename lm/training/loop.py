@@ -28,7 +28,7 @@ from lm.config.load import load_config
 from lm.config.sections import Config
 from lm.data.batches import TrainBatches
 from lm.data.sources import PreparedData, prepare_data, print_to_stderr
-from lm.evaluate import evaluate
+from lm.evaluate import eval_draws, evaluate
 from lm.model.kernels import flex_backward
 from lm.model.plan import build_plan
 from lm.model.transformer import TransformerLM
@@ -535,6 +535,7 @@ def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: 
     loss, _ = evaluate(
         net.eval_model, run.data.val, run.config.data, ctx, tc.eval_batch(),
         pad_id, run.device, net.autocast, tc.eval_steps, run.world,
+        eval_draws(run.config, "val", ctx),
     )  # fmt: skip
     state.val_loss = loss
     state.best_val_loss = loss if state.best_val_loss is None else min(state.best_val_loss, loss)

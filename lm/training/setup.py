@@ -95,9 +95,9 @@ _MAY_CHANGE = (
 )  # fmt: skip
 
 
-def _init_source(source: Path) -> tuple[Config, Path]:
+def _init_source(source: Path, flag: str = "--init-from") -> tuple[Config, Path]:
     """The config and newest checkpoint of the run whose weights a new run starts from."""
-    where = f"--init-from {source}"
+    where = f"{flag} {source}"
     if not (source / CONFIG).is_file():
         raise LMError(f"{where}: not a run directory (no {CONFIG})")
     if not (source / TOKENIZER).is_file():
@@ -117,11 +117,11 @@ SCHEME_KEYS = {
 otherwise, so ``--init-from`` compares them only where either model reads them)."""
 
 
-def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM) -> None:
+def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM, flag: str) -> None:
     """The model keys that change what the weights compute, each named (the first that differs),
     then every parameter of ``model`` in the source checkpoint with the same shape (the first
-    that is not is named)."""
-    _check_keys(source, saved, model.config)
+    that is not is named); ``flag`` names ``source`` (``--init-from``)."""
+    _check_keys(source, saved, model.config, flag)
     from safetensors import SafetensorError, safe_open
 
     file = latest_checkpoint(source) / "model.safetensors"
@@ -136,15 +136,15 @@ def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM) -> None:
         if shape is None and name in tied:
             shape = next((shapes[t] for t in tied if t in shapes), None)
         if shape is None:
-            raise LMError(f"--init-from {source}: parameter {name} is not in its weights")
+            raise LMError(f"{flag} {source}: parameter {name} is not in its weights")
         if shape != tuple(tensor.shape):
             raise LMError(
-                f"--init-from {source}: parameter {name} has shape {list(shape)} there but "
+                f"{flag} {source}: parameter {name} has shape {list(shape)} there but "
                 f"{list(tensor.shape)} in this model"
             )
 
 
-def _check_keys(source: Path, saved: ModelConfig, ours: ModelConfig) -> None:
+def _check_keys(source: Path, saved: ModelConfig, ours: ModelConfig, flag: str) -> None:
     """The model keys the weights depend on are the source's: all but ``_MAY_CHANGE`` and the
     keys of schemes neither model uses; CoPE's ``cope_max`` as it ran (a null is the context
     plus one of its own run)."""
@@ -159,7 +159,7 @@ def _check_keys(source: Path, saved: ModelConfig, ours: ModelConfig) -> None:
             there, here = saved.cope_positions, ours.cope_positions
         if there != here:
             raise LMError(
-                f"--init-from {source}: model.{key} is {there!r} there and {here!r} here (only "
+                f"{flag} {source}: model.{key} is {there!r} there and {here!r} here (only "
                 f"{', '.join(_MAY_CHANGE)} may change)"
             )
 
@@ -174,14 +174,18 @@ def recorded_init_from(run_dir: Path) -> str | None:
 
 
 def config_for_init(
-    config: Config, source: str | Path, log: Callable[[str], None] | None = None
+    config: Config,
+    source: str | Path,
+    log: Callable[[str], None] | None = None,
+    flag: str = "--init-from",
 ) -> Config:
     """``config`` made to start from ``source``'s weights: it tokenizes with ``source``'s
     tokenizer.json (the ids the weights know), and its model must fit them; checked here,
     before any data is read. A tokenizer setting that this replaces, other than what the source
-    itself was trained with, gets a note through ``log``; config.yaml records what is used."""
+    itself was trained with, gets a note through ``log``; config.yaml records what is used.
+    ``flag`` names ``source`` in an error (the API's ``init_from``)."""
     source = Path(source)
-    saved, _ = _init_source(source)
+    saved, _ = _init_source(source, flag)
     own = source / TOKENIZER
     named = config.data.tokenizer
     if (
@@ -190,13 +194,13 @@ def config_for_init(
         and TextTokenizer.load(named).to_json() != TextTokenizer.load(own).to_json()
     ):
         raise LMError(
-            f"data.tokenizer: {named} is not the tokenizer of --init-from {source}; its "
+            f"data.tokenizer: {named} is not the tokenizer of {flag} {source}; its "
             f"weights need {own} (leave data.tokenizer as char, byte or bpe, or name it)"
         )
     if log is not None and named in BUILTIN_TOKENIZERS and named != saved.data.tokenizer:
         vocab = saved.model.vocab_size
         log(
-            f"lm: note: data.tokenizer: {named} is not used: --init-from {source} needs its own "
+            f"lm: note: data.tokenizer: {named} is not used: {flag} {source} needs its own "
             f"tokenizer ({own.resolve()}, {vocab} tokens), whose ids its weights know; "
             "config.yaml records it"
         )
@@ -214,7 +218,7 @@ def config_for_init(
         config = config.replace(model=model)
     model_cfg = dataclasses.replace(config.model, vocab_size=saved.model.vocab_size)
     with torch.device("meta"):  # shapes only: no memory, no initialisation work
-        _check_fits(source, saved.model, TransformerLM(model_cfg))
+        _check_fits(source, saved.model, TransformerLM(model_cfg), flag)
     return config
 
 
@@ -225,7 +229,7 @@ def init_weights_from(
     having checked that the new run's ``tokenizer`` (when given) is the one they learned."""
     source = Path(source)
     saved, checkpoint = _init_source(source)
-    _check_fits(source, saved.model, model)
+    _check_fits(source, saved.model, model, "--init-from")
     learned = TextTokenizer.load(source / TOKENIZER).to_json()
     if tokenizer is not None and tokenizer.to_json() != learned:
         raise LMError(
