@@ -26,6 +26,7 @@ import lm
 from lm.cli import main
 from lm.config.errors import LMError
 from lm.config.load import load_config
+from lm.explorer.page import render
 from lm.runs.load import load_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -198,6 +199,28 @@ def test_a_page_opens_offline_with_a_map_for_every_layer_and_head_and_lms_weight
     page.close()
 
 
+def test_a_prompt_that_opens_an_html_comment_and_a_script_still_draws(runs, browser):
+    text = "<!--<script>"
+    out = runs.root / "comment.html"
+    assert main(["view", str(runs.rope), "--prompt", text, "--out", str(out)]) == 0
+    opened = _open(browser, out.as_uri())
+    assert opened.page.eval_on_selector_all("canvas.heatmap", "cs => cs.length") == 4
+    shown = opened.page.eval_on_selector_all(".tokens .tok", "s => s.map(t => t.textContent)")
+    assert "".join(shown) == text
+    assert opened.errors == []
+    opened.page.close()
+
+
+def test_the_data_holds_no_character_that_html_reads_inside_a_script():
+    said = "<!--<script></script>&amp;\u2028"  # e.g. what a 4x continuation said
+    data = {"kind": "run", "title": "t", "curves": [], "runs": [{"prompt": "a", "tokens": ["a"]}]}
+    data["runs"][0]["long"] = {"said": said}
+    page = render(data)
+    embedded = re.search(r'id="lm-data">(.*?)</script>', page, re.S).group(1)
+    assert not set("<>&") & set(embedded)
+    assert json.loads(embedded)["runs"][0]["long"]["said"] == said
+
+
 def _rope_formula(n: np.ndarray, d_k: int) -> np.ndarray:
     theta = 10000.0 ** (-np.arange(0, d_k, 2) / d_k)
     return (2 * np.cos(n[:, None] * theta)).sum(-1) / math.sqrt(d_k)
@@ -350,9 +373,7 @@ def test_a_comparisons_curve_of_one_point_per_run_is_left_to_the_reports_table(t
 
 def test_the_python_api_gives_the_same_page_inline(runs):
     page = lm.view(lm.load(runs.rope, device="cpu"), PROMPT)
-    data = json.loads(
-        re.search(r'id="lm-data">(.*?)</script>', page.html, re.S).group(1).replace("<\\/", "</")
-    )
+    data = json.loads(re.search(r'id="lm-data">(.*?)</script>', page.html, re.S).group(1))
     assert data["runs"][0]["tokens"] == list(PROMPT)
     assert page._repr_html_().startswith("<iframe srcdoc=")
     assert "<script" not in page._repr_html_()  # escaped into the frame's own document
@@ -433,6 +454,7 @@ def test_serve_on_a_port_in_use_is_one_line_exit_2(runs, capsys):
         (["{rope}", "--prompt", "ab", "--out", "/proc/lm-view.html"], ["cannot be written"]),
         (["{rope}", "--prompt", "ab", "--serve", "--out", "x.html"], ["--serve writes nothing"]),
         (["{compare}", "--prompt", "ab", "--serve"], ["--serve: serves one run"]),
+        (["{compare}", "--serve"], ["--serve: serves one run"]),  # not first asking a prompt
     ],
 )
 def test_bad_input_is_one_line_exit_2(runs, capsys, argv, words):

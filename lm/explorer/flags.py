@@ -58,7 +58,5 @@ def view_command(args: argparse.Namespace) -> int:
         return 0
     if args.out is not None:
         raise LMError("--out: --serve writes nothing; give one or the other")
-    if prompt is None:
-        raise LMError("--prompt: --serve starts from a text; give one")
     serve(args.path, prompt, args.host, args.port, device)
     return 0

@@ -37,6 +37,12 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
 """
 
 
+# Inside a <script> element "</" ends it and "<!--" with "<script" make the parser read on past
+# its end, swallowing the page's own script: JSON may write any character as \uXXXX, so the data
+# holds no "<", ">" or "&" at all. (JSON.parse reads U+2028 and U+2029 as plain characters.)
+_HIDDEN = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def _asset(name: str) -> str:
     return resources.files("lm.explorer").joinpath(name).read_text(encoding="utf-8")
 
@@ -45,8 +51,7 @@ def render(data: dict[str, Any], serve: bool = False) -> str:
     """The page for ``data``; ``serve``: it asks its own server for the maps of typed text
     (and may connect there alone, as its content security policy says)."""
     data = {**data, "serve": serve}
-    # In a <script> element only "</" can end the data early: JSON lets it be written "<\/".
-    embedded = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    embedded = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_HIDDEN)
     runs = data["runs"]
     subtitle = (
         f"prompt {json.dumps(runs[0]['prompt'], ensure_ascii=False)}, {len(runs[0]['tokens'])} "

@@ -88,12 +88,18 @@ def listen(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> Threa
 
 
 def serve(
-    path: str | Path, prompt: str, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu"
+    path: str | Path,
+    prompt: str | None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "cpu",
 ) -> None:
     """Serve a run's page until Ctrl-C; the first line on standard output is its address."""
     path = Path(path)
     if kind_of(path) != "run":
         raise LMError(f"--serve: serves one run; {path} is a comparison (write its page instead)")
+    if prompt is None:
+        raise LMError("--prompt: --serve starts from a text; give one")
     served = Served(load_run(path, device=device), run_name(path))
     prompt_ids(served.run, prompt)  # a bad prompt or port is said before the slow work
     server = listen(host, port, _handler(served))
