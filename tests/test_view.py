@@ -462,6 +462,49 @@ def test_bad_input_is_one_line_exit_2(runs, capsys, argv, words):
     expect_error(capsys, ["view", *(a.format(**where) for a in argv)], *words)
 
 
+def _bytes(run_dir: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("name", ["config.yaml", "checkpoints/step_00000008/model.safetensors"])
+def test_a_runs_own_file_is_never_replaced_by_a_page(runs, capsys, name, overwrite):
+    before = _bytes(runs.rope)
+    out = runs.rope / name
+    argv = ["view", str(runs.rope), "--prompt", "ab", "--out", str(out), *overwrite]
+    expect_error(capsys, argv, f"--out {out}: a file of the run {runs.rope.resolve()}")
+    assert _bytes(runs.rope) == before
+    assert lm.generate(lm.load(runs.rope, device="cpu"), "ab", max_new_tokens=2)  # still loads
+
+
+def test_a_file_lm_view_did_not_write_is_replaced_only_with_overwrite(runs, capsys, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    argv = ["view", str(runs.rope), "--prompt", "ab", "--out", str(notes)]
+    expect_error(capsys, argv, f"--out {notes}: exists and is not a page", "--overwrite")
+    assert notes.read_text() == "my notes\n"
+    assert main([*argv, "--overwrite"]) == 0
+    assert "lm view" in notes.read_text()
+    assert main(argv) == 0  # a page lm view wrote: replaced without being asked
+    notes.write_text("my notes\n")
+    with pytest.raises(LMError) as refused:
+        lm.view(runs.rope, "ab").save(notes)  # the Python API: the same rule
+    assert_one_line(refused, "exists and is not a page lm view wrote")
+    lm.view(runs.rope, "ab").save(notes, overwrite=True)
+    assert "lm view" in notes.read_text()
+
+
+def test_rerunning_the_same_view_replaces_its_own_page(runs, capsys):
+    argv = ["view", str(runs.alibi), "--prompt", "ab"]
+    assert main(argv) == 0
+    first = (runs.alibi / "view.html").read_text()
+    capsys.readouterr()
+    assert main([*argv[:-1], "abc"]) == 0
+    assert capsys.readouterr().out.strip() == str(runs.alibi / "view.html")
+    second = (runs.alibi / "view.html").read_text()
+    assert second != first and '"prompt":"abc"' in second
+
+
 def test_the_default_runs_page_for_a_128_character_prompt_is_at_most_5_mb(runs):
     config = load_config(
         ROOT / "configs" / "default.yaml",

@@ -33,6 +33,11 @@ def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
     )
     v.add_argument("--out", help="HTML file (default: PATH/view.html)")
     v.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out even when lm view did not write it (never a run's own file)",
+    )
+    v.add_argument(
         "--serve",
         action="store_true",
         help="serve the run's page on --host:--port instead, recomputed for typed text, until "
@@ -54,7 +59,7 @@ def view_command(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device, "--device"))
     prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
     if not args.serve:
-        print(write_page(args.path, prompt, args.out, device))
+        print(write_page(args.path, prompt, args.out, device, args.overwrite))
         return 0
     if args.out is not None:
         raise LMError("--out: --serve writes nothing; give one or the other")
