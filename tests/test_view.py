@@ -4,6 +4,8 @@ bad input. The browser tests skip, in one line, where Chromium is missing."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
 import os
@@ -13,8 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -385,11 +391,11 @@ def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
 
 
-def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(runs, browser):
-    before = _files(runs.rope)
-    argv = ["view", str(runs.rope), "--prompt", "ab", "--serve", "--port", "0", "--device", "cpu"]
+def _serve(run_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``lm view RUN --serve`` in a process of its own, and the address it printed."""
+    argv = ["view", str(run_dir), "--prompt", "ab", "--serve", "--port", "0", "--device", "cpu"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "lm", *argv],
+        [sys.executable, "-m", "lm", *argv, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -400,7 +406,26 @@ def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(run
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        url = _first_line(server)
+        return server, _first_line(server)
+    except BaseException:
+        server.kill()
+        server.communicate()
+        raise
+
+
+def _stopped(server: subprocess.Popen) -> str:
+    """Ctrl-C: the server says it stopped, exit status 0; what it said on standard error."""
+    server.send_signal(signal.SIGINT)
+    _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err
+    assert err.strip().endswith("lm: stopped") and "terminate" not in err, err
+    return err
+
+
+def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(runs, browser):
+    before = _files(runs.rope)
+    server, url = _serve(runs.rope)
+    try:
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
         opened = _open(browser, url)
         page = opened.page
@@ -412,14 +437,103 @@ def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(run
         page.fill("#text", "é")
         page.wait_for_selector("#status.bad")
         assert "'é'" in page.text_content("#status")
+        page.fill("#text", "a" * 70_000)  # far past an address's 64 KiB (HTTP 414 by GET)
+        page.wait_for_selector("#status.bad:has-text('70000 tokens')")
         assert opened.errors == []
         assert all(u.startswith(url) for u in opened.requests)
+        page.route("**/data", lambda r: r.fulfill(status=502, body="<h1>Bad Gateway</h1>\n"))
+        page.fill("#text", "ab")  # an answer that is not JSON: said, never "computing…" for good
+        page.wait_for_selector("#status.bad:has-text('502')")
+        assert page.text_content("#status") == "502 Bad Gateway: <h1>Bad Gateway</h1>"
     finally:
-        server.send_signal(signal.SIGINT)
-        _, err = server.communicate(timeout=30)
-    assert server.returncode == 0, err
-    assert err.strip().endswith("lm: stopped"), err
+        _stopped(server)
     assert _files(runs.rope) == before
+
+
+def _request(url: str, host: str | None, method: str = "GET", body: bytes = b""):
+    """A request to ``url`` with ``host`` as its Host header: (status, the JSON answer)."""
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        target = where.path + (f"?{where.query}" if where.query else "")
+        connection.putrequest(method, target, skip_host=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        answer = connection.getresponse()
+        text = answer.read()
+        return answer.status, json.loads(text) if "json" in answer.getheader(
+            "Content-Type"
+        ) else text
+    finally:
+        connection.close()
+
+
+def test_serve_answers_only_requests_named_for_its_loopback_address(runs):
+    server, url = _serve(runs.rope)
+    try:
+        port = urlsplit(url).port
+        data = url + "data?prompt=ab"
+        for good in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}"):
+            status, answer = _request(data, good)
+            assert status == 200 and answer["runs"][0]["tokens"] == ["a", "b"], good
+        evil = ("evil.example", f"evil.example:{port}", "127.0.0.1", f"127.0.0.1:{port + 1}", None)
+        for bad in (*evil, f"localhost:{port}.evil.example"):
+            status, answer = _request(data, bad)
+            assert status == 403 and "runs" not in answer, bad
+            assert repr((bad or "").lower()) in answer["error"] and "\n" not in answer["error"]
+        status, answer = _request(url, "evil.example")
+        assert status == 403  # the page itself too
+        # Every error is one line of JSON, the standard library's own included.
+        status, answer = _request(url + "data?prompt=" + "a" * 70_000, f"localhost:{port}")
+        assert status == 414 and answer == {"error": "Request-URI Too Long"}
+        status, answer = _request(url + "data", f"localhost:{port}", "POST", b"a" * 70_000)
+        assert status == 200 and "70000 tokens" in answer["error"]
+        status, answer = _request(url + "nowhere", f"localhost:{port}")
+        assert status == 404 and "/nowhere" in answer["error"]
+        status, answer = _request(url + "data", f"localhost:{port}", "POST", b"\xff")
+        assert status == 400 and "not UTF-8" in answer["error"]
+    finally:
+        _stopped(server)
+
+
+def test_ctrl_c_with_requests_in_flight_stops_cleanly(runs):
+    """Ctrl-C while request threads are inside the model: it waits for the one computing, lets
+    no other in, and exits 0 (an interpreter that ends with a thread inside torch aborts)."""
+    address = "data?prompt=" + urllib.parse.quote(PROMPT * 3)
+    for _ in range(2):
+        server, url = _serve(runs.rope)
+        for _ in range(20):
+            threading.Thread(target=_ask, args=(url + address,), daemon=True).start()
+        time.sleep(0.3)
+        _stopped(server)
+
+
+def _ask(url: str) -> None:
+    with contextlib.suppress(OSError, http.client.HTTPException):  # abandoned by the server
+        urllib.request.urlopen(url, timeout=60).read()
+
+
+@pytest.fixture
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback (::1: {e.strerror})")
+
+
+def test_serve_on_the_ipv6_loopback(runs, ipv6_loopback):
+    server, url = _serve(runs.rope, "--host", "::1")
+    try:
+        assert re.fullmatch(r"http://\[::1\]:\d+/", url), url
+        port = urlsplit(url).port
+        status, answer = _request(url + "data?prompt=ab", f"[::1]:{port}")
+        assert status == 200 and answer["runs"][0]["tokens"] == ["a", "b"]
+        assert _request(url + "data?prompt=ab", f"[::2]:{port}")[0] == 403
+    finally:
+        _stopped(server)
 
 
 def _first_line(process: subprocess.Popen, timeout: float = 120.0) -> str:
@@ -455,6 +569,8 @@ def test_serve_on_a_port_in_use_is_one_line_exit_2(runs, capsys):
         (["{rope}", "--prompt", "ab", "--serve", "--out", "x.html"], ["--serve writes nothing"]),
         (["{compare}", "--prompt", "ab", "--serve"], ["--serve: serves one run"]),
         (["{compare}", "--serve"], ["--serve: serves one run"]),  # not first asking a prompt
+        (["{rope}", "--prompt", "ab", "--serve", "--host", "0.0.0.0"], ["not a loopback"]),
+        (["{rope}", "--prompt", "ab", "--serve", "--host", "8.8.8.8"], ["not a loopback"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2(runs, capsys, argv, words):

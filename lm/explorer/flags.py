@@ -43,7 +43,11 @@ def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
         help="serve the run's page on --host:--port instead, recomputed for typed text, until "
         "Ctrl-C (writes nothing)",
     )
-    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
+    v.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="--serve's loopback address (default 127.0.0.1; or ::1, localhost)",
+    )
     v.add_argument(
         "--port", type=port, default=8000, help="--serve's port (default 8000; 0: any free one)"
     )
