@@ -4,6 +4,8 @@ bad input. The browser tests skip, in one line, where Chromium is missing."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import math
 import os
@@ -13,8 +15,12 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -26,6 +32,7 @@ import lm
 from lm.cli import main
 from lm.config.errors import LMError
 from lm.config.load import load_config
+from lm.explorer.page import render
 from lm.runs.load import load_run
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -198,6 +205,28 @@ def test_a_page_opens_offline_with_a_map_for_every_layer_and_head_and_lms_weight
     page.close()
 
 
+def test_a_prompt_that_opens_an_html_comment_and_a_script_still_draws(runs, browser):
+    text = "<!--<script>"
+    out = runs.root / "comment.html"
+    assert main(["view", str(runs.rope), "--prompt", text, "--out", str(out)]) == 0
+    opened = _open(browser, out.as_uri())
+    assert opened.page.eval_on_selector_all("canvas.heatmap", "cs => cs.length") == 4
+    shown = opened.page.eval_on_selector_all(".tokens .tok", "s => s.map(t => t.textContent)")
+    assert "".join(shown) == text
+    assert opened.errors == []
+    opened.page.close()
+
+
+def test_the_data_holds_no_character_that_html_reads_inside_a_script():
+    said = "<!--<script></script>&amp;\u2028"  # e.g. what a 4x continuation said
+    data = {"kind": "run", "title": "t", "curves": [], "runs": [{"prompt": "a", "tokens": ["a"]}]}
+    data["runs"][0]["long"] = {"said": said}
+    page = render(data)
+    embedded = re.search(r'id="lm-data">(.*?)</script>', page, re.S).group(1)
+    assert not set("<>&") & set(embedded)
+    assert json.loads(embedded)["runs"][0]["long"]["said"] == said
+
+
 def _rope_formula(n: np.ndarray, d_k: int) -> np.ndarray:
     theta = 10000.0 ** (-np.arange(0, d_k, 2) / d_k)
     return (2 * np.cos(n[:, None] * theta)).sum(-1) / math.sqrt(d_k)
@@ -350,9 +379,7 @@ def test_a_comparisons_curve_of_one_point_per_run_is_left_to_the_reports_table(t
 
 def test_the_python_api_gives_the_same_page_inline(runs):
     page = lm.view(lm.load(runs.rope, device="cpu"), PROMPT)
-    data = json.loads(
-        re.search(r'id="lm-data">(.*?)</script>', page.html, re.S).group(1).replace("<\\/", "</")
-    )
+    data = json.loads(re.search(r'id="lm-data">(.*?)</script>', page.html, re.S).group(1))
     assert data["runs"][0]["tokens"] == list(PROMPT)
     assert page._repr_html_().startswith("<iframe srcdoc=")
     assert "<script" not in page._repr_html_()  # escaped into the frame's own document
@@ -364,11 +391,11 @@ def _files(run_dir: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
 
 
-def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(runs, browser):
-    before = _files(runs.rope)
-    argv = ["view", str(runs.rope), "--prompt", "ab", "--serve", "--port", "0", "--device", "cpu"]
+def _serve(run_dir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``lm view RUN --serve`` in a process of its own, and the address it printed."""
+    argv = ["view", str(run_dir), "--prompt", "ab", "--serve", "--port", "0", "--device", "cpu"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "lm", *argv],
+        [sys.executable, "-m", "lm", *argv, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -379,7 +406,26 @@ def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(run
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        url = _first_line(server)
+        return server, _first_line(server)
+    except BaseException:
+        server.kill()
+        server.communicate()
+        raise
+
+
+def _stopped(server: subprocess.Popen) -> str:
+    """Ctrl-C: the server says it stopped, exit status 0; what it said on standard error."""
+    server.send_signal(signal.SIGINT)
+    _, err = server.communicate(timeout=60)
+    assert server.returncode == 0, err
+    assert err.strip().endswith("lm: stopped") and "terminate" not in err, err
+    return err
+
+
+def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(runs, browser):
+    before = _files(runs.rope)
+    server, url = _serve(runs.rope)
+    try:
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
         opened = _open(browser, url)
         page = opened.page
@@ -391,14 +437,103 @@ def test_serve_binds_loopback_recomputes_typed_text_writes_nothing_and_stops(run
         page.fill("#text", "é")
         page.wait_for_selector("#status.bad")
         assert "'é'" in page.text_content("#status")
+        page.fill("#text", "a" * 70_000)  # far past an address's 64 KiB (HTTP 414 by GET)
+        page.wait_for_selector("#status.bad:has-text('70000 tokens')")
         assert opened.errors == []
         assert all(u.startswith(url) for u in opened.requests)
+        page.route("**/data", lambda r: r.fulfill(status=502, body="<h1>Bad Gateway</h1>\n"))
+        page.fill("#text", "ab")  # an answer that is not JSON: said, never "computing…" for good
+        page.wait_for_selector("#status.bad:has-text('502')")
+        assert page.text_content("#status") == "502 Bad Gateway: <h1>Bad Gateway</h1>"
     finally:
-        server.send_signal(signal.SIGINT)
-        _, err = server.communicate(timeout=30)
-    assert server.returncode == 0, err
-    assert err.strip().endswith("lm: stopped"), err
+        _stopped(server)
     assert _files(runs.rope) == before
+
+
+def _request(url: str, host: str | None, method: str = "GET", body: bytes = b""):
+    """A request to ``url`` with ``host`` as its Host header: (status, the JSON answer)."""
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=60)
+    try:
+        target = where.path + (f"?{where.query}" if where.query else "")
+        connection.putrequest(method, target, skip_host=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.putheader("Content-Length", str(len(body)))
+        connection.endheaders(body)
+        answer = connection.getresponse()
+        text = answer.read()
+        return answer.status, json.loads(text) if "json" in answer.getheader(
+            "Content-Type"
+        ) else text
+    finally:
+        connection.close()
+
+
+def test_serve_answers_only_requests_named_for_its_loopback_address(runs):
+    server, url = _serve(runs.rope)
+    try:
+        port = urlsplit(url).port
+        data = url + "data?prompt=ab"
+        for good in (f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost:{port}"):
+            status, answer = _request(data, good)
+            assert status == 200 and answer["runs"][0]["tokens"] == ["a", "b"], good
+        evil = ("evil.example", f"evil.example:{port}", "127.0.0.1", f"127.0.0.1:{port + 1}", None)
+        for bad in (*evil, f"localhost:{port}.evil.example"):
+            status, answer = _request(data, bad)
+            assert status == 403 and "runs" not in answer, bad
+            assert repr((bad or "").lower()) in answer["error"] and "\n" not in answer["error"]
+        status, answer = _request(url, "evil.example")
+        assert status == 403  # the page itself too
+        # Every error is one line of JSON, the standard library's own included.
+        status, answer = _request(url + "data?prompt=" + "a" * 70_000, f"localhost:{port}")
+        assert status == 414 and answer == {"error": "Request-URI Too Long"}
+        status, answer = _request(url + "data", f"localhost:{port}", "POST", b"a" * 70_000)
+        assert status == 200 and "70000 tokens" in answer["error"]
+        status, answer = _request(url + "nowhere", f"localhost:{port}")
+        assert status == 404 and "/nowhere" in answer["error"]
+        status, answer = _request(url + "data", f"localhost:{port}", "POST", b"\xff")
+        assert status == 400 and "not UTF-8" in answer["error"]
+    finally:
+        _stopped(server)
+
+
+def test_ctrl_c_with_requests_in_flight_stops_cleanly(runs):
+    """Ctrl-C while request threads are inside the model: it waits for the one computing, lets
+    no other in, and exits 0 (an interpreter that ends with a thread inside torch aborts)."""
+    address = "data?prompt=" + urllib.parse.quote(PROMPT * 3)
+    for _ in range(2):
+        server, url = _serve(runs.rope)
+        for _ in range(20):
+            threading.Thread(target=_ask, args=(url + address,), daemon=True).start()
+        time.sleep(0.3)
+        _stopped(server)
+
+
+def _ask(url: str) -> None:
+    with contextlib.suppress(OSError, http.client.HTTPException):  # abandoned by the server
+        urllib.request.urlopen(url, timeout=60).read()
+
+
+@pytest.fixture
+def ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback (::1: {e.strerror})")
+
+
+def test_serve_on_the_ipv6_loopback(runs, ipv6_loopback):
+    server, url = _serve(runs.rope, "--host", "::1")
+    try:
+        assert re.fullmatch(r"http://\[::1\]:\d+/", url), url
+        port = urlsplit(url).port
+        status, answer = _request(url + "data?prompt=ab", f"[::1]:{port}")
+        assert status == 200 and answer["runs"][0]["tokens"] == ["a", "b"]
+        assert _request(url + "data?prompt=ab", f"[::2]:{port}")[0] == 403
+    finally:
+        _stopped(server)
 
 
 def _first_line(process: subprocess.Popen, timeout: float = 120.0) -> str:
@@ -433,11 +568,57 @@ def test_serve_on_a_port_in_use_is_one_line_exit_2(runs, capsys):
         (["{rope}", "--prompt", "ab", "--out", "/proc/lm-view.html"], ["cannot be written"]),
         (["{rope}", "--prompt", "ab", "--serve", "--out", "x.html"], ["--serve writes nothing"]),
         (["{compare}", "--prompt", "ab", "--serve"], ["--serve: serves one run"]),
+        (["{compare}", "--serve"], ["--serve: serves one run"]),  # not first asking a prompt
+        (["{rope}", "--prompt", "ab", "--serve", "--host", "0.0.0.0"], ["not a loopback"]),
+        (["{rope}", "--prompt", "ab", "--serve", "--host", "8.8.8.8"], ["not a loopback"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2(runs, capsys, argv, words):
     where = {k: str(v) for k, v in vars(runs).items()}
     expect_error(capsys, ["view", *(a.format(**where) for a in argv)], *words)
+
+
+def _bytes(run_dir: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("name", ["config.yaml", "checkpoints/step_00000008/model.safetensors"])
+def test_a_runs_own_file_is_never_replaced_by_a_page(runs, capsys, name, overwrite):
+    before = _bytes(runs.rope)
+    out = runs.rope / name
+    argv = ["view", str(runs.rope), "--prompt", "ab", "--out", str(out), *overwrite]
+    expect_error(capsys, argv, f"--out {out}: a file of the run {runs.rope.resolve()}")
+    assert _bytes(runs.rope) == before
+    assert lm.generate(lm.load(runs.rope, device="cpu"), "ab", max_new_tokens=2)  # still loads
+
+
+def test_a_file_lm_view_did_not_write_is_replaced_only_with_overwrite(runs, capsys, tmp_path):
+    notes = tmp_path / "notes.md"
+    notes.write_text("my notes\n")
+    argv = ["view", str(runs.rope), "--prompt", "ab", "--out", str(notes)]
+    expect_error(capsys, argv, f"--out {notes}: exists and is not a page", "--overwrite")
+    assert notes.read_text() == "my notes\n"
+    assert main([*argv, "--overwrite"]) == 0
+    assert "lm view" in notes.read_text()
+    assert main(argv) == 0  # a page lm view wrote: replaced without being asked
+    notes.write_text("my notes\n")
+    with pytest.raises(LMError) as refused:
+        lm.view(runs.rope, "ab").save(notes)  # the Python API: the same rule
+    assert_one_line(refused, "exists and is not a page lm view wrote")
+    lm.view(runs.rope, "ab").save(notes, overwrite=True)
+    assert "lm view" in notes.read_text()
+
+
+def test_rerunning_the_same_view_replaces_its_own_page(runs, capsys):
+    argv = ["view", str(runs.alibi), "--prompt", "ab"]
+    assert main(argv) == 0
+    first = (runs.alibi / "view.html").read_text()
+    capsys.readouterr()
+    assert main([*argv[:-1], "abc"]) == 0
+    assert capsys.readouterr().out.strip() == str(runs.alibi / "view.html")
+    second = (runs.alibi / "view.html").read_text()
+    assert second != first and '"prompt":"abc"' in second
 
 
 def test_the_default_runs_page_for_a_128_character_prompt_is_at_most_5_mb(runs):

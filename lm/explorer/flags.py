@@ -33,12 +33,21 @@ def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
     )
     v.add_argument("--out", help="HTML file (default: PATH/view.html)")
     v.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out even when lm view did not write it (never a run's own file)",
+    )
+    v.add_argument(
         "--serve",
         action="store_true",
         help="serve the run's page on --host:--port instead, recomputed for typed text, until "
         "Ctrl-C (writes nothing)",
     )
-    v.add_argument("--host", default="127.0.0.1", help="--serve's address (default 127.0.0.1)")
+    v.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="--serve's loopback address (default 127.0.0.1; or ::1, localhost)",
+    )
     v.add_argument(
         "--port", type=port, default=8000, help="--serve's port (default 8000; 0: any free one)"
     )
@@ -54,11 +63,9 @@ def view_command(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device, "--device"))
     prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
     if not args.serve:
-        print(write_page(args.path, prompt, args.out, device))
+        print(write_page(args.path, prompt, args.out, device, args.overwrite))
         return 0
     if args.out is not None:
         raise LMError("--out: --serve writes nothing; give one or the other")
-    if prompt is None:
-        raise LMError("--prompt: --serve starts from a text; give one")
     serve(args.path, prompt, args.host, args.port, device)
     return 0

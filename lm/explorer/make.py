@@ -46,10 +46,15 @@ def page_html(path: str | Path, prompt: str | None, device: str = "cpu") -> str:
 
 
 def write_page(
-    path: str | Path, prompt: str | None, out: str | Path | None = None, device: str = "cpu"
+    path: str | Path,
+    prompt: str | None,
+    out: str | Path | None = None,
+    device: str = "cpu",
+    overwrite: bool = False,
 ) -> Path:
-    """Write the page to ``out`` (default ``PATH/view.html``); the file written."""
+    """Write the page to ``out`` (default ``PATH/view.html``); the file written. A file there
+    is replaced only when lm view wrote it, or with ``overwrite`` (never a run's own file)."""
     path = Path(path)
     kind_of(path)
-    target = out_path(out if out is not None else path / PAGE)
+    target = out_path(out if out is not None else path / PAGE, overwrite=overwrite)
     return write(page_html(path, prompt, device), target)

@@ -306,12 +306,22 @@ function setup() {
   render();
 }
 
+// The text goes as the body of a POST (no limit on an address's length); whatever comes back,
+// an error of the server's (one line), an answer that is not JSON, or none, the status says it.
 async function recompute() {
   const status = document.getElementById("status"), text = document.getElementById("text").value;
   status.className = ""; status.textContent = "computing…";
-  const answer = await fetch("data?prompt=" + encodeURIComponent(text)).then((r) => r.json());
+  let answer;
+  try {
+    const r = await fetch("data", { method: "POST", body: text, headers: { "Content-Type": "text/plain; charset=utf-8" } });
+    const body = await r.text();
+    try { answer = JSON.parse(body) ?? {}; } catch { answer = {}; }
+    if (!r.ok && !answer.error) answer = { error: `${r.status} ${r.statusText}: ${body.trim().split("\n")[0]}` };
+  } catch (e) {
+    answer = { error: `no answer from lm view's server (${e.message})` };
+  }
   if (document.getElementById("text").value !== text) return;  // typed on since: a newer one comes
-  if (answer.error) { status.className = "bad"; status.textContent = answer.error; return; }
+  if (answer.error || !answer.runs) { status.className = "bad"; status.textContent = answer.error || "not an answer lm view gives"; return; }
   DATA.runs = answer.runs; state.query = []; state.version += 1;
   status.textContent = `${answer.runs[0].tokens.length} tokens`;
   render();

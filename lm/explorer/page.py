@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from lm.config.errors import LMError
-from lm.runs.directory import check_out_dir
+from lm.runs.directory import check_out_dir, run_holding
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta name="generator" content="lm view">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; {connect}
 style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
@@ -37,6 +38,12 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:">
 """
 
 
+# Inside a <script> element "</" ends it and "<!--" with "<script" make the parser read on past
+# its end, swallowing the page's own script: JSON may write any character as \uXXXX, so the data
+# holds no "<", ">" or "&" at all. (JSON.parse reads U+2028 and U+2029 as plain characters.)
+_HIDDEN = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def _asset(name: str) -> str:
     return resources.files("lm.explorer").joinpath(name).read_text(encoding="utf-8")
 
@@ -45,8 +52,7 @@ def render(data: dict[str, Any], serve: bool = False) -> str:
     """The page for ``data``; ``serve``: it asks its own server for the maps of typed text
     (and may connect there alone, as its content security policy says)."""
     data = {**data, "serve": serve}
-    # In a <script> element only "</" can end the data early: JSON lets it be written "<\/".
-    embedded = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    embedded = json.dumps(data, ensure_ascii=False, separators=(",", ":")).translate(_HIDDEN)
     runs = data["runs"]
     subtitle = (
         f"prompt {json.dumps(runs[0]['prompt'], ensure_ascii=False)}, {len(runs[0]['tokens'])} "
@@ -63,13 +69,39 @@ def render(data: dict[str, Any], serve: bool = False) -> str:
     )
 
 
-def out_path(path: str | Path, flag: str = "--out") -> Path:
-    """A file the page can be written to: not a folder, under folders that are folders."""
+MARK = '<meta name="generator" content="lm view">'
+"""How lm knows a page it wrote: this line, within the first bytes of the file."""
+
+
+def out_path(path: str | Path, flag: str = "--out", overwrite: bool = False) -> Path:
+    """A file the page can be written to: not a folder, under folders that are folders; new, or
+    a page lm view wrote, or (``overwrite``) any file but a run's own (a file inside a run
+    directory that is not an HTML page: its config, records, metrics, checkpoints ...)."""
     path = Path(path)
     if path.is_dir():
         raise LMError(f"{flag} {path}: is a folder; give a file such as {path / 'view.html'}")
     check_out_dir(path.parent, flag)
+    if not path.exists() or _ours(path):
+        return path
+    run = run_holding(path)
+    if run is not None and path.resolve().suffix.lower() not in (".html", ".htm"):
+        raise LMError(
+            f"{flag} {path}: a file of the run {run}, which lm view never replaces; choose "
+            f"another {flag}"
+        )
+    if not overwrite:
+        raise LMError(
+            f"{flag} {path}: exists and is not a page lm view wrote; pass --overwrite to replace it"
+        )
     return path
+
+
+def _ours(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return MARK.encode() in f.read(1024)
+    except OSError:
+        return False
 
 
 def write(text: str, path: Path, flag: str = "--out") -> Path:
@@ -89,8 +121,8 @@ class Page:
     def __init__(self, text: str):
         self.html = text
 
-    def save(self, path: str | Path) -> Path:
-        return write(self.html, out_path(path, "path"), "path")
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        return write(self.html, out_path(path, "path", overwrite), "path")
 
     def _repr_html_(self) -> str:
         return (

@@ -180,6 +180,15 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def run_holding(path: str | Path) -> Path | None:
+    """The run directory ``path`` lies in, however spelled (the nearest folder above it holding
+    config.yaml and run.json, as every run does from its start), or None."""
+    for folder in Path(path).resolve().parents:
+        if (folder / CONFIG).is_file() and (folder / PROVENANCE).is_file():
+            return folder
+    return None
+
+
 def refuse_overlap(
     out: str | Path, inputs: dict[str, str | Path | None], flag: str = "--out"
 ) -> None:
