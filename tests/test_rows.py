@@ -16,7 +16,10 @@ from lm.compare.measure import Evaluation
 from lm.config.errors import ConfigError, LMError
 from lm.config.names import POSITIONS, SCHEMES, extends
 from lm.config.sections import Config, ModelConfig
+from lm.explorer.signal import _sinusoid_chart, undrawn
 from lm.model.position import SCHEME_CLASSES
+from lm.model.position.embeddings import sinusoidal_table
+from lm.model.transformer import TransformerLM
 from lm.training.setup import _check_keys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,3 +354,18 @@ def test_a_key_set_for_a_scheme_that_ignores_it_names_its_readers():
     with pytest.raises(ConfigError, match=r"model\.rope_p: applies to position: rope or xpos only"):
         ModelConfig(position="alibi", rope_p=0.5)
     ModelConfig(position="alibi", t5_buckets=8)  # kept for a sweep over model.position
+
+
+def test_the_explorer_draws_fixed_embedded_vectors_through_the_schemes_own_embed():
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(position="sinusoidal", **SMALL)).eval()
+    chart = _sinusoid_chart(model, 40)  # past the trained 16: computed, not looked up
+    table = sinusoidal_table(40, 16).double()
+    expected = [round(float(v), 6) for v in table @ table[0]]  # sum_i cos(n w_i)
+    assert chart["series"][0]["y"] == expected
+    assert _sinusoid_chart(model, 16)["series"][0]["y"] == expected[:16]  # the kept table's rows
+    assert chart["title"].startswith("sinusoidal: the inner product")
+    learned = TransformerLM(ModelConfig(position="learned", **SMALL)).eval()
+    assert _sinusoid_chart(learned, 8) is None and undrawn(learned)
+    assert not undrawn(model)
+    assert undrawn(TransformerLM(ModelConfig(position=["rope", "none"], **SMALL)))

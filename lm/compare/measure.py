@@ -62,7 +62,8 @@ class Evaluation:
     eval_lengths: list[str] | None = None
     """Evaluation lengths (``2x``, ``256``); None: :data:`EXTRAPOLATION`."""
     rope_scalings: list[str] | None = None
-    """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
+    """RoPE extensions every run that takes one (``lm.config.names.extends``: rope, xpos) is
+    measured with (``none``: as trained); None: as trained."""
     eval_batches: int | None = None
     """Batches per length; None: the whole validation split."""
     prompt: str | None = None

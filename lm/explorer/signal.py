@@ -114,7 +114,7 @@ def _bias_chart(model: TransformerLM, prompt: list[int], long: list[int]) -> dic
 def _sinusoid_chart(model: TransformerLM, distances: int) -> dict | None:
     """Fixed vectors added to the embeddings (not a learned table), read through the scheme's
     ``embed`` of zeros: ``p_n . p_0``, for sinusoids ``sum_i cos(n w_i)``, the same at every l."""
-    row = SCHEMES[model.config.layer_positions[0]]  # embedding schemes are never per layer
+    row = model.config.rows[0]  # a scheme of the embeddings is never chosen per layer
     if row.place is not Place.EMBEDDINGS or row.table:
         return None
     device = next(model.parameters()).device
