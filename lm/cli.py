@@ -503,7 +503,7 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
     if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
         return
     model = load_config(run_dir / CONFIG).model
-    if model.position != "learned":
+    if not any(r.table for r in model.rows):
         return
     tokens = len(TextTokenizer.load(run_dir / TOKENIZER).encode(text))
     if tokens > model.context_length:

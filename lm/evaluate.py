@@ -30,7 +30,7 @@ import torch
 
 from lm.config.errors import FLAGS, LMError
 from lm.config.load import load_config
-from lm.config.names import ROTARY, SPLITS, XPOS_REACH, task_of
+from lm.config.names import SPLITS, XPOS_REACH, extends, readers, task_of
 from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
@@ -174,10 +174,11 @@ def load_evaluated(
     if rope_scaling is None:
         return run
     model = run.config.model
-    if not set(ROTARY) & set(model.layer_positions):  # xPos rotates by RoPE's angles too
+    if not extends(model.layer_positions):
         raise LMError(
             f"{run_dir}: {names['rope_scaling']} {rope_scaling} extends RoPE; this run uses "
-            f"position: {model.position_text} (rope and xpos rotate by RoPE's angles)"
+            f"position: {model.position_text} ({' and '.join(readers('rope_scaling'))} rotate "
+            "by RoPE's angles)"
         )
     value = None if method == "none" else rope_scaling.strip()
     model = dataclasses.replace(model, rope_scaling=value)
@@ -260,8 +261,9 @@ def evaluate_lengths(
 def _out_of_reach(model: ModelConfig, length: int) -> str:
     """Why a model has no loss at ``length``, or '': a learned table has no vector past its
     rows; positions drawn at evaluation are distinct draws from ``[0, M)``, so at most M;
-    xPos's scales leave fp32 past its reach (``lm.model.position.rope.xpos_reach``)."""
-    if model.position == "learned" and length > model.position_range:
+    xPos's scales leave fp32 past the reach its ``xpos_scale_base`` B sets
+    (``lm.model.position.rope.xpos_reach``), for any scheme that reads B."""
+    if any(r.table for r in model.rows) and length > model.position_range:
         return f"learned positions stop at {model.position_range}: no vector for longer contexts"
     if model.random_positions_eval and length > model.random_positions:
         return (
@@ -269,7 +271,7 @@ def _out_of_reach(model: ModelConfig, length: int) -> str:
             f"[0, {model.random_positions}): there are not that many"
         )
     reach = xpos_reach(model.xpos_scale_base)
-    if "xpos" in model.layer_positions and length > reach:
+    if readers("xpos_scale_base", model.layer_positions) and length > reach:
         return (
             f"xPos with xpos_scale_base {model.xpos_scale_base:g} computes positions up to "
             f"{reach} ({XPOS_REACH} B): its scales leave fp32 beyond"

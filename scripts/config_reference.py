@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from lm.config.load import RENAMED, SECTIONS  # noqa: E402
-from lm.config.names import SCHEMES  # noqa: E402
+from lm.config.names import SCHEMES, readers  # noqa: E402
 
 PAGE = ROOT / "docs" / "configuration.md"
 SOURCE = ROOT / "lm" / "config" / "sections.py"
@@ -71,6 +71,15 @@ def default_text(value) -> str:
     return str(value)
 
 
+def readers_text(key: str) -> str:
+    """`` Read by xpos only.`` after the meaning of a key only some schemes read (their rows'
+    ``keys``, the one place that says so)."""
+    names = readers(key)
+    if not names:
+        return ""
+    return f" Read by {(', '.join(names[:-1]) + ' or ') if names[1:] else ''}{names[-1]} only."
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -86,7 +95,7 @@ def render() -> str:
                 raise SystemExit(f"{SOURCE}: {name}.{f.name} has no docstring")
             rows.append(
                 f"| `{f.name}` | {cell(type_text(str(f.type)))} | "
-                f"`{cell(default_text(f.default))}` | {cell(docs[f.name])} |"
+                f"`{cell(default_text(f.default))}` | {cell(docs[f.name] + readers_text(f.name))} |"
             )
         parts.append("\n".join(rows) + "\n")
         if name == "model":
@@ -106,13 +115,15 @@ def schemes_table() -> str:
         "### Position schemes\n",
         "Every `model.position` (formulas and papers: [positions](positions.md)), from its row in "
         "`lm/config/names.py`:\n",
-        "| `model.position` | acts on | learned bias | `kernel: flex` | even widths |",
-        "|---|---|---|---|---|",
+        "| `model.position` | acts on | learned bias | `kernel: flex` | even widths | "
+        "keys it reads |",
+        "|---|---|---|---|---|---|",
     ]
     for row in SCHEMES.values():
         even = ", ".join(row.even) or "-"
         learned, flex = ("yes" if row.learned_bias else "no"), ("yes" if row.flex else "no")
-        rows.append(f"| `{row.name}` | {row.place.value} | {learned} | {flex} | {even} |")
+        keys = ", ".join(f"`{key}`" for key in row.keys) or "-"
+        rows.append(f"| `{row.name}` | {row.place.value} | {learned} | {flex} | {even} | {keys} |")
     return "\n".join(rows) + "\n"
 
 

@@ -11,7 +11,6 @@ from lm.config.names import (
     FORMULA_ON_CPU,
     NO_FLEX,
     POSITIONS,
-    ROTARY,
     SCHEMES,
     SCORE_BIASES,
     Place,
@@ -45,7 +44,6 @@ def test_the_lists_are_read_from_the_rows():
     assert tuple(r.name for r in rows if r.place is Place.SCORES) == SCORE_BIASES
     assert tuple(r.name for r in rows if not r.flex) == NO_FLEX
     assert tuple(r.name for r in rows if r.learned_bias or r.wide_keys) == FORMULA_ON_CPU
-    assert tuple(r.name for r in rows if r.rotary) == ROTARY
 
 
 @pytest.mark.parametrize("name", POSITIONS)

@@ -36,7 +36,7 @@ import torch
 from lm.compare.report import RunResult
 from lm.config.errors import LMError
 from lm.config.load import load_config
-from lm.config.names import task_of
+from lm.config.names import extends, task_of
 from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.tasks import TaskSettings, evaluation_examples
@@ -62,7 +62,8 @@ class Evaluation:
     eval_lengths: list[str] | None = None
     """Evaluation lengths (``2x``, ``256``); None: :data:`EXTRAPOLATION`."""
     rope_scalings: list[str] | None = None
-    """RoPE extensions every RoPE run is measured with (``none``: as trained); None: as trained."""
+    """RoPE extensions every run that takes one (``lm.config.names.extends``: rope, xpos) is
+    measured with (``none``: as trained); None: as trained."""
     eval_batches: int | None = None
     """Batches per length; None: the whole validation split."""
     prompt: str | None = None
@@ -78,7 +79,7 @@ class Evaluation:
         """The measurements of one run of ``config``: one per RoPE extension for a RoPE run
         when ``rope_scalings`` are given, else one, as trained."""
         variants: list[str | None] = [None]
-        if self.rope_scalings is not None and "rope" in config.model.layer_positions:
+        if self.rope_scalings is not None and extends(config.model.layer_positions):
             variants = list(self.rope_scalings)
         return [
             Measure(
@@ -182,7 +183,7 @@ def _as_measured(measure: Measure, cfg: Config) -> Measure:
     """``measure`` as it is made of a run of ``cfg``: a RoPE run asked for its own extension is
     measured as trained."""
     wanted = measure.rope_scaling
-    own = "rope" in cfg.model.layer_positions and wanted is not None
+    own = extends(cfg.model.layer_positions) and wanted is not None
     if own and parse_rope_scaling(wanted) == parse_rope_scaling(cfg.model.rope_scaling):
         return dataclasses.replace(measure, rope_scaling=None)
     return measure

@@ -42,6 +42,7 @@ from lm.compare.measure import (
 from lm.compare.report import HOUSEKEEPING, write_report
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_diff, load_config, parse_overrides
+from lm.config.names import extends, readers
 from lm.config.sections import Config, TrainConfig
 from lm.config.values import parse_rope_scaling, parse_value, shown, split_values
 from lm.data.sources import prepare_data, print_to_stderr
@@ -456,9 +457,13 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
 
 
 def _check_rope(positions: Iterable[tuple[str, ...]]) -> None:
-    """``positions``: each run's layer schemes."""
-    if not any("rope" in layers for layers in positions):
-        raise LMError("eval.rope_scaling extends RoPE; none of the runs uses position: rope")
+    """``positions``: each run's layer schemes; one must take a RoPE extension (as ``lm eval
+    --rope-scaling`` asks: ``lm.config.names.extends``)."""
+    if not any(extends(layers) for layers in positions):
+        raise LMError(
+            "eval.rope_scaling extends RoPE; none of the runs uses position: "
+            + " or ".join(readers("rope_scaling"))
+        )
 
 
 def _once(configs: dict[Path, Config], log: Callable[[str], None]) -> dict[Path, Config]:

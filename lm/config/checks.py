@@ -16,15 +16,21 @@ from lm.config.names import (
     NORMALIZATIONS,
     NORMS,
     POSITIONS,
-    ROTARY,
     SCHEMES,
     Place,
+    extends,
+    readers,
 )
 from lm.config.values import parse_rope_scaling, shown, value_text
 
 RANDOM_POSITIONS_MAX = 1 << 16
 """The largest ``model.random_positions``: a step's draw is ``[batch, M]`` numbers sorted."""
 
+
+UNREAD_REFUSED = ("scale_embeddings", "rope_fraction", "rope_p", "rope_original_context")
+"""The scheme keys refused at a value of their own where no layer's scheme reads them (which
+schemes read each: the rows' ``keys``); every other scheme key may hold a value for a sweep over
+``model.position``, ignored where unread."""
 
 WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # SchemeRow.even's
 
@@ -114,7 +120,7 @@ class ModelChecks:
         """A normalization that runs with this model's kernel and schemes."""
         choice("model", "normalize", self.normalize, NORMALIZATIONS)
         if self.normalize == "stick_breaking":
-            others = sorted(set(self.layer_positions) - {"none"})
+            others = sorted(r.name for r in self.rows if r.place is not Place.NOTHING)
             if others:
                 raise ConfigError(
                     f"model.normalize: stick_breaking is its own position signal (Tan et al. use "
@@ -203,21 +209,22 @@ class ModelChecks:
             )
 
     def _check_rope(self) -> None:
-        """RoPE's own keys: set only on a RoPE model, each within its range. ``rope_scaling`` is
-        parsed here, once, into ``rope_method`` and ``rope_factor``."""
+        """RoPE's own keys within their range, and the keys of :data:`UNREAD_REFUSED` and a
+        context extension set only where a layer's scheme reads them. ``rope_scaling`` is parsed
+        here, once, into ``rope_method`` and ``rope_factor``."""
         object.__setattr__(self, "_rope_scaling", parse_rope_scaling(self.rope_scaling))
         positive("model", self, "rope_original_context")
         for name in ("rope_fraction", "rope_p"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ConfigError(f"model.{name}: must be in (0, 1], got {getattr(self, name)!r}")
-        if not set(ROTARY) & set(self.layer_positions):
-            keys = (("rope_fraction", 1.0), ("rope_p", 1.0), ("rope_original_context", None))
-            for name, default in keys:
-                if getattr(self, name) != default:
-                    raise ConfigError(
-                        f"model.{name}: applies to position: rope or xpos only (this model "
-                        f"uses {self.position_text})"
-                    )
+        for name in UNREAD_REFUSED:
+            unset = getattr(self, name) == self.__dataclass_fields__[name].default
+            if not (unset or readers(name, self.layer_positions)):
+                raise ConfigError(
+                    f"model.{name}: applies to position: {' or '.join(readers(name))} only (this "
+                    f"model uses {self.position_text})"
+                )
+        if not extends(self.layer_positions):
             if self.rope_method != "none":
                 raise ConfigError(
                     f"model.rope_scaling: {self.rope_scaling} extends RoPE; this model uses "

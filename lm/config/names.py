@@ -9,6 +9,7 @@ data.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -21,6 +22,10 @@ class Place(enum.Enum):
     QUERIES_AND_KEYS = "queries and keys"
     SCORES = "scores"
     NOTHING = "nothing"
+
+
+ROTARY_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context", "rope_p")
+"""The keys of RoPE's angles, read by every scheme that rotates by them (RoPE, xPos)."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,16 @@ class SchemeRow:
     notes' formula as for a learned bias (``lm.model.kernels.choose_kernel``)."""
     flex: bool = True
     """FlexAttention's score function, which sees one query-key pair at a time, can compute it."""
-    rotary: bool = False
-    """It rotates queries and keys by RoPE's angles, so it reads the ``model.rope_*`` keys."""
+    keys: tuple[str, ...] = ()
+    """The ``ModelConfig`` keys it reads beyond the shape every scheme reads (RoPE's
+    ``rope_base``, T5's ``t5_buckets`` ...): a model no layer of which reads a key ignores it
+    (``--init-from`` compares it only where read; the config refuses some set where unread); the
+    docs' table of keys says which schemes read each. A scheme that reads ``rope_scaling``
+    rotates by RoPE's angles and takes its context extensions (:func:`extends`)."""
+    table: bool = False
+    """It adds a learned table, one vector per trained position (``model.position_range``), so
+    it has nothing past the last: ``lm eval`` gives no loss there, the export's rows are the
+    table's, and ``lm view`` refuses a longer text."""
     even: tuple[str, ...] = ()
     """The widths it splits into pairs, each a ``ModelConfig`` attribute that must be even."""
     reads_positions: bool = True
@@ -54,28 +67,61 @@ class SchemeRow:
 SCHEMES = {
     row.name: row
     for row in (
-        SchemeRow("rope", Place.QUERIES_AND_KEYS, "rope:RoPE", rotary=True, even=("head_dim",)),
-        SchemeRow("sinusoidal", Place.EMBEDDINGS, "embeddings:Sinusoidal", even=("d_model",)),
-        SchemeRow("learned", Place.EMBEDDINGS, "embeddings:Learned"),
+        SchemeRow(
+            "rope", Place.QUERIES_AND_KEYS, "rope:RoPE", keys=ROTARY_KEYS, even=("head_dim",)
+        ),
+        SchemeRow(
+            "sinusoidal",
+            Place.EMBEDDINGS,
+            "embeddings:Sinusoidal",
+            keys=("scale_embeddings",),
+            even=("d_model",),
+        ),
+        SchemeRow("learned", Place.EMBEDDINGS, "embeddings:Learned", table=True),
         SchemeRow("alibi", Place.SCORES, "biases:ALiBi"),
-        SchemeRow("t5", Place.SCORES, "biases:T5", learned_bias=True),
+        SchemeRow(
+            "t5",
+            Place.SCORES,
+            "biases:T5",
+            keys=("t5_buckets", "t5_max_distance"),
+            learned_bias=True,
+        ),
         SchemeRow("kerple", Place.SCORES, "biases:KERPLE", learned_bias=True),
-        SchemeRow("fire", Place.SCORES, "biases:FIRE", learned_bias=True),
+        SchemeRow(
+            "fire",
+            Place.SCORES,
+            "biases:FIRE",
+            keys=("fire_width", "fire_threshold"),
+            learned_bias=True,
+        ),
         SchemeRow("sandwich", Place.SCORES, "biases:Sandwich", even=("d_model",)),
-        SchemeRow("xpos", Place.QUERIES_AND_KEYS, "rope:XPos", rotary=True, even=("head_dim",)),
+        SchemeRow(
+            "xpos",
+            Place.QUERIES_AND_KEYS,
+            "rope:XPos",
+            keys=(*ROTARY_KEYS, "xpos_scale_base"),
+            even=("head_dim",),
+        ),
         SchemeRow("fox", Place.SCORES, "content:FoX", learned_bias=True, reads_positions=False),
         SchemeRow(
             "cope",
             Place.SCORES,
             "content:CoPE",
+            keys=("cope_max",),
             learned_bias=True,
             flex=False,
             reads_positions=False,
         ),
-        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE", wide_keys=True),
-        SchemeRow("fope", Place.QUERIES_AND_KEYS, "fope:FoPE", even=("head_dim",)),
-        SchemeRow("hope", Place.QUERIES_AND_KEYS, "hope:HoPE", even=("head_dim",)),
-        SchemeRow("dape", Place.SCORES, "dape:DAPE", learned_bias=True, flex=False),
+        SchemeRow("pope", Place.QUERIES_AND_KEYS, "pope:PoPE", keys=("rope_base",), wide_keys=True),
+        SchemeRow(
+            "fope", Place.QUERIES_AND_KEYS, "fope:FoPE", keys=("rope_base",), even=("head_dim",)
+        ),
+        SchemeRow(
+            "hope", Place.QUERIES_AND_KEYS, "hope:HoPE", keys=("rope_base",), even=("head_dim",)
+        ),
+        SchemeRow(
+            "dape", Place.SCORES, "dape:DAPE", keys=("dape_bias",), learned_bias=True, flex=False
+        ),
         SchemeRow(
             "path", Place.SCORES, "path:PaTH", learned_bias=True, flex=False, reads_positions=False
         ),
@@ -93,11 +139,23 @@ SCORE_BIASES = tuple(n for n, row in SCHEMES.items() if row.place is Place.SCORE
 FORMULA_ON_CPU = tuple(n for n, row in SCHEMES.items() if row.learned_bias or row.wide_keys)
 """The schemes that train through the notes' formula on CPU (``lm.model.kernels``)."""
 NO_FLEX = tuple(n for n, row in SCHEMES.items() if not row.flex)
-ROTARY = tuple(n for n, row in SCHEMES.items() if row.rotary)
-EMBEDDED = tuple(n for n, row in SCHEMES.items() if row.place is Place.EMBEDDINGS)
 NO_POSITIONS = tuple(n for n, row in SCHEMES.items() if not row.reads_positions)
 """The schemes that read no token positions, so that ``model.random_positions`` has nothing to
 change."""
+
+
+def readers(key: str, positions: Iterable[str] = POSITIONS) -> tuple[str, ...]:
+    """The schemes among ``positions`` (a model's ``layer_positions``; default every scheme)
+    whose row reads ``model.KEY``, each once, in order."""
+    return tuple(n for n in dict.fromkeys(positions) if key in SCHEMES[n].keys)
+
+
+def extends(positions: Iterable[str]) -> bool:
+    """Whether a model whose layers use ``positions`` takes a RoPE context extension: one of them
+    reads ``model.rope_scaling`` (rotates by RoPE's angles). The one rule of ``model.rope_scaling``
+    in a config, ``lm eval --rope-scaling`` and ``lm compare``'s ``eval.rope_scaling``."""
+    return bool(readers("rope_scaling", positions))
+
 
 XPOS_REACH = 64
 """xPos's positions stay below ``XPOS_REACH * model.xpos_scale_base``: there its largest key
@@ -107,11 +165,11 @@ NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
 NORMS = ("layernorm", "rmsnorm")
-"""``model.norm``: the block's normalization layers (``lm.model.layers``): LayerNorm (GPT-2) or
-RMSNorm (Llama)."""
+"""``model.norm``: the block's normalization layers (``lm.model.transformer``; RMSNorm in
+``lm.model.rmsnorm``): LayerNorm (GPT-2) or RMSNorm (Llama)."""
 
 MLPS = ("gelu", "swiglu", "relu2")
-"""``model.mlp``: the block's token-wise network (``lm.model.layers``): GELU (GPT-2), SwiGLU
+"""``model.mlp``: the block's token-wise network (``lm.model.transformer``): GELU (GPT-2), SwiGLU
 (Llama) or squared ReLU (Primer, nanochat)."""
 
 KERNELS = ("sdpa", "flex", "math", "auto")

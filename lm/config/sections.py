@@ -22,8 +22,10 @@ from lm.config.names import (
     ON_NONFINITE,
     OPTIMIZERS,
     SCHEDULES,
+    SCHEMES,
     SPLIT_BY,
     VAL_SPLITS,
+    SchemeRow,
 )
 from lm.config.tasks import check_task, check_task_fits
 from lm.config.values import parse_task_lengths, shown, value_text
@@ -67,8 +69,8 @@ class ModelConfig(ModelChecks):
     rope, rope, none, ...]: no position every fourth layer). Schemes that add to the embeddings
     (sinusoidal, learned) act below every layer at once: never per layer."""
     scale_embeddings: bool = True
-    """sinusoidal only: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes' E[w_l] + p_l,
-    which trains far worse (docs/compare.md)."""
+    """Scale the token embedding: x_l = sqrt(d) E[w_l] + p_l (Vaswani et al.); false: the notes'
+    E[w_l] + p_l, which trains far worse (docs/compare.md)."""
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
     rope_scaling: str | None = None
@@ -82,21 +84,21 @@ class ModelConfig(ModelChecks):
     ones, at the notes' frequencies; the slowest are left unrotated (rope_fraction instead
     re-spaces the frequencies over the pairs it rotates, as GPT-NeoX does)."""
     xpos_scale_base: float = 512.0
-    """xpos only: the B of xPos's decay zeta_i^((l - j)/B) per pair (Sun et al.: 512)."""
+    """The B of xPos's decay zeta_i^((l - j)/B) per pair (Sun et al.: 512)."""
     t5_buckets: int = 32
-    """t5 only: buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
+    """Buckets of query-key distance, one learned bias each per head (Raffel et al.)."""
     t5_max_distance: int = 128
-    """t5 only: the distance from which every longer one shares the last bucket."""
+    """The distance from which every longer one shares the last bucket."""
     fire_width: int = 32
-    """fire only: hidden width of FIRE's MLP of the normalised distance (Li et al.: 32)."""
+    """Hidden width of FIRE's MLP of the normalised distance (Li et al.: 32)."""
     fire_threshold: float = 512.0
-    """fire only: the threshold L (its start; learned) below which queries are normalised by
-    psi(L) instead of psi(their position) (the paper's code: 512)."""
+    """The threshold L (its start; learned) below which queries are normalised by psi(L)
+    instead of psi(their position) (the paper's code: 512)."""
     cope_max: int | None = None
-    """cope only: CoPE's position embeddings e[0] .. e[cope_max - 1] (counted positions are
-    clamped below it); default context_length + 1, as the paper's code."""
+    """CoPE's position embeddings e[0] .. e[cope_max - 1] (counted positions are clamped below
+    it); default context_length + 1, as the paper's code."""
     dape_bias: str = "kerple"
-    """dape only: the static bias B whose scores DAPE's MLP reads: kerple | alibi (Zheng et al.)."""
+    """The static bias B whose scores DAPE's MLP reads: kerple | alibi (Zheng et al.)."""
     random_positions: int | None = None
     """Training only: each sequence reads a sorted random draw of distinct positions from
     [0, M) instead of 0..L-1 (Ruoss et al. 2023), M >= context_length; evaluation and sampling
@@ -149,10 +151,6 @@ class ModelConfig(ModelChecks):
             raise ConfigError(
                 f"model.n_head: d_model={self.d_model} is not divisible by n_head={self.n_head}"
             )
-        if self.position != "sinusoidal" and not self.scale_embeddings:
-            raise ConfigError(
-                f"model.scale_embeddings: applies to position: sinusoidal only, not {self.position}"
-            )
         self._check_widths()
         self._check_block()
         self._check_rope()
@@ -182,6 +180,12 @@ class ModelConfig(ModelChecks):
     def position_range(self) -> int:
         """How many positions training reads: ``0 .. position_range - 1``."""
         return self.random_positions or self.context_length
+
+    @property
+    def rows(self) -> tuple[SchemeRow, ...]:
+        """The rows of its layers' schemes (``lm.config.names.SCHEMES``), each once, in layer
+        order: what the code asks of a scheme, never its name."""
+        return tuple(SCHEMES[name] for name in dict.fromkeys(self.layer_positions))
 
     @property
     def position_text(self) -> str:

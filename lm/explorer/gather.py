@@ -42,7 +42,7 @@ def prompt_ids(run: LoadedRun, text: str, flag: str = "--prompt") -> list[int]:
         )
     ids = tok.encode(text)
     C = run.config.model.context_length
-    limit = C if run.config.model.layer_positions[0] == "learned" else LONG * C
+    limit = C if any(r.table for r in run.config.model.rows) else LONG * C
     if len(ids) > limit:
         why = "learned position table has" if limit == C else f"page shows {LONG}x its context,"
         raise LMError(
@@ -148,7 +148,7 @@ def prompt_view(run: LoadedRun, text: str, long: bool = True) -> dict[str, Any]:
 def _prompt_view(run: LoadedRun, text: str, ids: list[int], long: bool) -> dict[str, Any]:
     maps = measure.attention_maps(run.model, ids)
     C = run.config.model.context_length
-    if run.config.model.layer_positions[0] == "learned":
+    if any(r.table for r in run.config.model.rows):
         reach, view = ids, {"note": f"a learned position table stops at {C} positions: no 4x view"}
     elif long:
         reach = longer(run, ids, LONG * C)

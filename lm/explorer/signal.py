@@ -27,7 +27,6 @@ from lm.compare.diagnostics import bias_by_distance
 from lm.config.names import SCHEMES, Place
 from lm.model.kernels import per_query_head
 from lm.model.position import CONTENT_BIASES
-from lm.model.position.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 
 CONTENT = CONTENT_BIASES
@@ -113,12 +112,19 @@ def _bias_chart(model: TransformerLM, prompt: list[int], long: list[int]) -> dic
 
 
 def _sinusoid_chart(model: TransformerLM, distances: int) -> dict | None:
-    if model.config.layer_positions[0] != "sinusoidal":
+    """Fixed vectors added to the embeddings (not a learned table), read through the scheme's
+    ``embed`` of zeros: ``p_n . p_0``, for sinusoids ``sum_i cos(n w_i)``, the same at every l."""
+    row = model.config.rows[0]  # a scheme of the embeddings is never chosen per layer
+    if row.place is not Place.EMBEDDINGS or row.table:
         return None
-    table = sinusoidal_table(distances, model.config.d_model).double()
-    y = table @ table[0]  # p_n . p_0 = sum_i cos(n w_i), the same at every l
+    device = next(model.parameters()).device
+    plan = model.plan(torch.zeros(1, distances, dtype=torch.long, device=device), kernel="math")
+    with torch.no_grad():
+        zeros = torch.zeros(1, distances, model.config.d_model, device=device)
+        p = model.pos_embed.embed(zeros, plan)[0].double()  # (n, d): p_0 .. p_(n-1)
+    y = p @ p[0]
     return {
-        "title": "sinusoidal: the inner product of the position vectors n apart, p_l·p_(l−n)",
+        "title": f"{row.name}: the inner product of the position vectors n apart, p_l·p_(l−n)",
         "ylabel": "p_l·p_(l−n)",
         "x": list(range(distances)),
         "series": [{"label": "sinusoids", "layer": None, "head": None, "y": _list(y)}],
@@ -160,7 +166,7 @@ def undrawn(model: TransformerLM) -> str:
     """Why a run's positions draw no chart, or nothing to say: every scheme on the queries and
     keys or on the scores is drawn, and sinusoids; ``none`` and a learned table have no function
     of distance."""
-    if {"none", "learned"} & set(model.config.layer_positions):
+    if any(r.place is Place.NOTHING or r.table for r in model.config.rows):
         return "only the causal mask orders the tokens, or a learned table: no function of distance"
     return ""
 

@@ -106,7 +106,7 @@ def built_folder(out: Path, what: str) -> Iterator[Path]:
 
 def max_positions_for(cfg: ModelConfig, requested: int | None) -> int:
     """The longest sequence the export accepts: a learned table's rows, else at least 2048."""
-    if cfg.position == "learned":
+    if any(r.table for r in cfg.rows):
         rows = cfg.position_range  # context_length, or random_positions when trained so
         if requested is not None and requested != rows:
             raise LMError(

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from lm.config.errors import ConfigError, LMError
 from lm.config.load import config_from_dict, read_yaml, save_config
+from lm.config.names import extends
 from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.data.tokenizer import TextTokenizer
 from lm.hf.export import LM_CONFIG, built_folder, check_output, require_transformers
@@ -94,7 +95,7 @@ class Imported:
             f"context {m.context_length}"
         )
         scheme = m.position_text
-        if "rope" in m.layer_positions:
+        if extends(m.layer_positions):
             settings = [f"rope_base {m.rope_base:g}", f"rope_scaling {m.rope_scaling or 'none'}"]
             if m.rope_fraction != 1.0:
                 settings.append(f"rope_fraction {m.rope_fraction:g}")
@@ -186,7 +187,7 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["d_ff"] = saved.model.d_ff  # the same width, spelled as the run spelled it
             if saved.model.kv_heads == as_read.kv_heads:
                 kept["n_kv_head"] = saved.model.n_kv_head  # n_head written out, or left out
-            if keys["position"] != "learned":
+            if not any(r.table for r in as_read.rows):
                 kept["context_length"] = saved.model.context_length
                 kept["random_positions"] = saved.model.random_positions
             elif saved.model.position_range == keys["context_length"]:
@@ -195,7 +196,7 @@ def _run_config(hf_dir: Path, keys: dict[str, Any], out: Path) -> Config:
                 kept["context_length"] = saved.model.context_length
                 kept["random_positions"] = saved.model.random_positions
             model = ModelConfig(**{**keys, **kept})
-            if model.position == "rope":
+            if extends(model.layer_positions):
                 spelled = {key: getattr(saved.model, key) for key in ROPE_KEYS}
                 try:
                     as_saved = dataclasses.replace(model, **spelled)

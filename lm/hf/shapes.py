@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.config.values import value_text
 from lm.hf import MODELS
@@ -61,7 +62,8 @@ def _llama_style_target(cfg: ModelConfig, settings: list[str]) -> str:
             "squared-ReLU MLP (GPT-2's block: gelu; Llama's and Qwen3's: swiglu)"
         )
     if cfg.position != "rope":
-        table = " (and no position table)" if cfg.position in ("learned", "sinusoidal") else ""
+        embedded = any(r.place is Place.EMBEDDINGS for r in cfg.rows)
+        table = " (and no position table)" if embedded else ""
         raise CannotExpress(
             f"model.position: {cfg.position} {with_first} cannot be exported: the targets of "
             f"that block, Llama and Qwen3, rotate with RoPE{table}; GPT-2's block (layernorm, "

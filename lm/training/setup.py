@@ -15,7 +15,7 @@ import torch
 
 from lm.config.errors import ConfigError, LMError, SharedError
 from lm.config.load import config_diff, load_config
-from lm.config.names import BUILTIN_TOKENIZERS, ROTARY
+from lm.config.names import BUILTIN_TOKENIZERS, readers
 from lm.config.sections import Config, ModelConfig
 from lm.data.tokenizer import TextTokenizer
 from lm.model.transformer import TransformerLM
@@ -108,15 +108,6 @@ def _init_source(source: Path, flag: str = "--init-from") -> tuple[Config, Path]
     return load_config(source / CONFIG), checkpoint
 
 
-SCHEME_KEYS = {
-    "xpos_scale_base": ("xpos",), "t5_buckets": ("t5",), "t5_max_distance": ("t5",),
-    "fire_width": ("fire",), "fire_threshold": ("fire",), "cope_max": ("cope",),
-    "rope_fraction": ROTARY, "rope_p": ROTARY,
-}  # fmt: skip
-"""The model keys only a model with one of these schemes reads (its weights do not see them
-otherwise, so ``--init-from`` compares them only where either model reads them)."""
-
-
 def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM, flag: str) -> None:
     """The model keys that change what the weights compute, each named (the first that differs),
     then every parameter of ``model`` in the source checkpoint with the same shape (the first
@@ -146,13 +137,13 @@ def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM, flag: st
 
 def _check_keys(source: Path, saved: ModelConfig, ours: ModelConfig, flag: str) -> None:
     """The model keys the weights depend on are the source's: all but ``_MAY_CHANGE`` and the
-    keys of schemes neither model uses; CoPE's ``cope_max`` as it ran (a null is the context
-    plus one of its own run)."""
+    scheme keys (the rows' ``keys``) that no scheme of either model reads; CoPE's ``cope_max``
+    as it ran (a null is the context plus one of its own run)."""
     schemes = set(saved.layer_positions) | set(ours.layer_positions)
     for key in ModelConfig.__dataclass_fields__:
         if key in _MAY_CHANGE or key == "vocab_size":
             continue
-        if key in SCHEME_KEYS and not schemes & set(SCHEME_KEYS[key]):
+        if readers(key) and not readers(key, schemes):  # a scheme's key neither model reads
             continue
         there, here = getattr(saved, key), getattr(ours, key)
         if key == "cope_max":
@@ -212,7 +203,7 @@ def config_for_init(
     # data.vocab_size sizes a tokenizer trained on the data; one read from a file has its own.
     data = dataclasses.replace(config.data, tokenizer=str(own.resolve()), vocab_size=None)
     config = config.replace(data=data)
-    if "cope" in config.model.layer_positions and config.model.cope_max is None:
+    if readers("cope_max", config.model.layer_positions) and config.model.cope_max is None:
         # CoPE's table is as long as its run's context plus one: kept at a new context.
         model = dataclasses.replace(config.model, cope_max=saved.model.cope_positions)
         config = config.replace(model=model)
