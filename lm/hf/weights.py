@@ -439,17 +439,17 @@ def from_hf(
     names = _block_names(model_type, shape["n_layer"])
     state, keys["bias"] = _block_state(where, tensors, names, heads)
 
-    wte = _take(where, tensors, _EMBED[model_type])
+    wte = _take(where, tensors, _EMBED[model_type]).float()
     head_name = next((h for h in _HEAD[model_type] if h in tensors), None)
     if head_name is None and not getattr(config, "tie_word_embeddings", True):
         raise CannotExpress(f"{where}: untied embeddings but no {_HEAD[model_type][0]} tensor")
-    head = _take(where, tensors, head_name) if head_name is not None else wte
+    head = _take(where, tensors, head_name).float() if head_name is not None else wte
 
     position = {"gpt2": "learned", "mpt": "alibi"}.get(model_type, "rope")
     if model_type == "mpt" and _WPE in tensors:
         raise CannotExpress(f"{where}: MPT with learned positions as well as ALiBi")
     if model_type == "gpt2":
-        wpe = tensors[_WPE]
+        wpe = _take(where, tensors, _WPE)
         if not bool(wpe.any()):
             position = "none"
         elif torch.equal(wpe, sinusoidal_table(wpe.shape[0], d).to(wpe.dtype)):
@@ -474,7 +474,7 @@ def from_hf(
 def _take(where: str, tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in tensors:
         raise CannotExpress(f"{where}: the weights have no {name}")
-    return tensors[name].float()
+    return tensors[name]
 
 
 def _block_state(
@@ -487,7 +487,7 @@ def _block_state(
     parts: dict[str, list[torch.Tensor]] = {}
     for lm_name, hf_name, how in names:
         if hf_name in tensors or not lm_name.endswith(".bias"):
-            piece = _from_hf(how, _take(where, tensors, hf_name), heads)
+            piece = _from_hf(how, _take(where, tensors, hf_name).float(), heads)
             parts.setdefault(lm_name, []).append(piece)
     joined = {name: torch.cat(pieces) for name, pieces in parts.items()}
     state = {name: t for name, t in joined.items() if not name.endswith(".bias")}
