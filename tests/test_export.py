@@ -18,6 +18,7 @@ import torch
 from _export_support import TEXT, untrained_run
 from _support import write_config
 from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm.cli import main
@@ -603,6 +604,21 @@ def test_import_refuses_what_lm_cannot_compute(tmp_path, capsys):
     # An existing run is never replaced without --overwrite.
     refused(capsys, ["import", str(tmp_path / "hf3"), "--out", str(rope)], "already exists")
     assert (rope / "config.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    ("position", "missing"),
+    [("learned", "transformer.wpe.weight"), ("rope", "gpt_neox.layers.0.attention.dense.weight")],
+)
+def test_an_import_without_a_tensor_names_it(position, missing, tmp_path, capsys):
+    # GPT-2 reads its positions from wpe: a file without it is refused like any missing weight.
+    out = tmp_path / "hf"
+    assert main(["export", str(untrained_run(tmp_path, position=position)), "--out", str(out)]) == 0
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if k != missing}  # noqa: SIM118
+    save_file(tensors, str(out / "model.safetensors"))
+    refused(capsys, ["import", str(out), "--out", str(tmp_path / "back")], f"have no {missing}")
+    nothing_written(tmp_path, "back")
 
 
 def test_an_out_under_a_file_is_one_line(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """The code a student reads stays readable: one forward pass of the default model (RoPE, packed
 windows, no cache) runs through few ``lm`` functions, lines and files, as counted by
-``sys.settrace``; and no function in ``lm/`` is over 80 lines (argparse's table aside)."""
+``sys.settrace``; and no function in ``lm/`` is over 60 lines (argparse's table aside)."""
 
 import ast
 import inspect
@@ -52,15 +52,25 @@ def test_one_forward_of_the_default_model_reads_in_one_sitting():
     assert len(files) <= 6, sorted(files)
 
 
-def test_no_function_in_lm_is_over_80_lines():
-    long = []
+LONGEST = 60  # lines, from ``def`` to the function's last line
+ASIDE = {("cli.py", "build_parser")}  # argparse's table: one call per flag
+# Split in progress on other branches: the lead empties this list once they are merged.
+STILL_LONG = {("sample.py", "generate"), ("evaluate.py", "evaluate_lengths")}
+STILL_LONG |= {("auto_jobs.py", "auto_jobs")}
+
+
+def test_no_function_in_lm_is_over_60_lines():
+    over = []  # ((file name, function), where and how long)
     for path in sorted((ROOT / "lm").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = node.end_lineno - node.lineno + 1
-                if length > 80 and (path.name, node.name) != ("cli.py", "build_parser"):
-                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({length} lines)")
-    assert long == []
+                if length > LONGEST:
+                    text = f"{path.relative_to(ROOT)}:{node.name} ({length} lines)"
+                    over.append(((path.name, node.name), text))
+    assert [text for key, text in over if key not in ASIDE | STILL_LONG] == []
+    # An exception that no longer holds is dropped, so that the rule covers its function again.
+    assert STILL_LONG - {key for key, _ in over} == set()
 
 
 def test_the_performance_page_states_todays_figures_not_a_log():

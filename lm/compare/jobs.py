@@ -79,12 +79,11 @@ def run_jobs(
     stopped: list[tuple[int, str]] = []  # (exit status, what the job said last) of early ends
     last_progress = time.monotonic()
     with StopSignals() as signals, contextlib.ExitStack() as ends:
-        ends.callback(_close, slots)
         while running or (waiting and not (stopped or signals.received)):
+            if here is not None and not running and len(waiting) == 1:
+                last = waiting.pop(0)  # alone: trained in this process, below
+                break
             while waiting and len(running) < n and not (stopped or signals.received):
-                if here is not None and not running and len(waiting) == 1:
-                    last = waiting.pop(0)
-                    break
                 threads = None
                 if cores is not None:
                     threads = job_threads(cores, n, len(waiting), list(running.values()))
@@ -94,27 +93,13 @@ def run_jobs(
                 if not idle:
                     slots.append(_Slot(len(slots), gpus))
                     idle.append(slots[-1])
+                    ends.callback(slots[-1].close)  # however the sweep ends
                 running[job] = slot = idle.pop()
                 slot.start(job, threads)
                 on = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
                 log(f"compare: training {job.run_dir} ({len(running)} of {n} jobs running{on})")
-            if last is not None:
-                break
             time.sleep(0.2)
-            for job, slot in list(running.items()):
-                code = slot.returncode()
-                if code is not None:
-                    del running[job]
-                    said = slot.said(job, code)
-                    if slot.alive():
-                        idle.append(slot)
-                    # Told to stop, a job that ends by the signal was interrupted: in its loop
-                    # the signal only asks for a checkpoint, and earlier ones stay intact.
-                    told = slot.asked or signals.received is not None
-                    if told and code in (-signal.SIGINT, -signal.SIGTERM):
-                        code = 130
-                    if code:
-                        stopped.append((code, said))
+            stopped += _ended(running, idle, signals)
             if stopped or signals.received:  # each job saves a checkpoint, then ends
                 for slot in running.values():
                     slot.stop()
@@ -131,6 +116,29 @@ def run_jobs(
     if last is not None and here is not None:
         log(f"compare: training {last.run_dir} (the last run: in this process, alone)")
         here(last)
+
+
+def _ended(
+    running: dict[Job, _Slot], idle: list[_Slot], signals: StopSignals
+) -> list[tuple[int, str]]:
+    """Take the jobs that have ended out of ``running`` (their slots, still alive, back to
+    ``idle``); return (exit status, what the job said last) of those that did not finish."""
+    stopped = []
+    for job, slot in list(running.items()):
+        code = slot.returncode()
+        if code is not None:
+            del running[job]
+            said = slot.said(job, code)
+            if slot.alive():
+                idle.append(slot)
+            # Told to stop, a job that ends by the signal was interrupted: in its loop the
+            # signal only asks for a checkpoint, and earlier ones stay intact.
+            told = slot.asked or signals.received is not None
+            if told and code in (-signal.SIGINT, -signal.SIGTERM):
+                code = 130
+            if code:
+                stopped.append((code, said))
+    return stopped
 
 
 def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:
@@ -256,11 +264,6 @@ class _Slot:
 
 CLOSE_S = 60.0
 """How long an idle worker may take to end once its input has ended."""
-
-
-def _close(slots: list[_Slot]) -> None:
-    for slot in slots:
-        slot.close()
 
 
 def _newest(job: Job) -> dict | None:

@@ -88,9 +88,9 @@ class RunResult:
     eval_batches: int | None
     """Batches per context length of the extrapolation evaluation (None: the whole split)."""
     metrics: list[dict[str, Any]]
+    """The run's metrics.jsonl records, for the loss curves."""
     prompt_unknown: int = 0
     """Characters of the continued prompt that are not in the run's vocabulary (became <unk>)."""
-    """The run's metrics.jsonl records, for the loss curves."""
     rope_scaling: str | None = None
     """The RoPE context extension the evaluation used instead of the trained one (``pi:4``;
     ``none`` removes a trained one); None: evaluated as trained."""
@@ -326,15 +326,7 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     if tasks and "split" in next(iter(tasks.values()))[0].accuracy[0]:
         bins = _accuracy_bins([r for runs in tasks.values() for r in runs])
         seeds = {
-            label: [
-                [
-                    statistics.mean(row["accuracy"] for row in r.accuracy if _key(row) in keys)
-                    if any(_key(row) in keys for row in r.accuracy)
-                    else math.nan
-                    for _, keys in bins
-                ]
-                for r in runs
-            ]
+            label: [[_mean_accuracy(r, keys, math.nan) for _, keys in bins] for r in runs]
             for label, runs in tasks.items()
         }
         plots.accuracy_by_split(seeds, [name for name, _ in bins], out_dir / SPLIT_PICTURE)
@@ -409,6 +401,13 @@ def _split_bins(
     return bins
 
 
+def _mean_accuracy(result: RunResult, keys: list, missing: float | None = None) -> float | None:
+    """A run's accuracy over a column's (split, length) ``keys``, their mean; ``missing`` where
+    it was asked at none of them."""
+    found = [row["accuracy"] for row in result.accuracy if _key(row) in keys]
+    return statistics.mean(found) if found else missing
+
+
 def _span(lengths: list[int]) -> str:
     return f"{lengths[0]}–{lengths[-1]}" if len(lengths) > 1 else str(lengths[0])
 
@@ -423,13 +422,8 @@ def _accuracy_table(header: str, groups: dict[str, list[RunResult]]) -> list[str
     for label, runs in groups.items():
         if runs[0].accuracy is None:
             continue
-        cells = [_cell(label)]
-        for _, keys in bins:
-            means = []
-            for r in runs:
-                found = [row["accuracy"] for row in r.accuracy if _key(row) in keys]
-                means.append(statistics.mean(found) if found else None)
-            cells.append(_mean_std(means, ".1%"))
+        means = [[_mean_accuracy(r, keys) for r in runs] for _, keys in bins]
+        cells = [_cell(label), *(_mean_std(m, ".1%") for m in means)]
         lines.append("| " + " | ".join(cells) + " |")
     layouts = {tuple((*_key(row), row["trained"]) for row in r.accuracy) for r in runs_of}
     tasks = list(dict.fromkeys(r.config.data.source for r in runs_of))
@@ -493,7 +487,7 @@ def _grouped(results: list[RunResult]) -> _Grouping:
     return _Grouping(header, full, groups, trained)
 
 
-def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
+def _accuracy_section(results: list[RunResult], g: _Grouping) -> list[str]:
     """The report's section of exact-match accuracy (by split for flip-flop, by length for the
     other tasks); none without a task."""
     if all(r.accuracy is None for r in results):
@@ -505,32 +499,23 @@ def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
         task = task_of(data.source)
         what = "reads the memory of" if task == "flipflop" else "answers"
         noun = "flip-flop programs" if task == "flipflop" else f"{task} prompts"
-        return [
-            "## Exact-match accuracy by split",
-            "",
+        by, picture = "split", f"![errors by split]({SPLIT_PICTURE})"
+        how = (
             f"Each run {what} {examples} {noun} per split and length "
             f"greedily (`lm.evaluate.task_accuracy`, the code behind `lm eval`); the splits' "
             f"{split_notes(task, TaskSettings.of(data))}. A cell is the accuracy (the mean "
-            "over its lengths), mean ± std over seeds.",
-            "",
-            *_accuracy_table(g.header, g.trained),
-            "",
-            f"![errors by split]({SPLIT_PICTURE})",
-            "",
-        ]
-    return [
-        "## Exact-match accuracy by length",
-        "",
-        f"Each run answers {examples} prompts of the task at every length greedily "
-        "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only "
-        "if every token and the end of the document are right. A cell is the mean "
-        "accuracy over its lengths, mean ± std over seeds; report.json has every length.",
-        "",
-        *_accuracy_table(g.header, g.trained),
-        "",
-        f"![accuracy against length]({ACCURACY_PICTURE})",
-        "",
-    ]
+            "over its lengths), mean ± std over seeds."
+        )
+    else:
+        by, picture = "length", f"![accuracy against length]({ACCURACY_PICTURE})"
+        how = (
+            f"Each run answers {examples} prompts of the task at every length greedily "
+            "(`lm.evaluate.task_accuracy`, the code behind `lm eval`); an answer counts only "
+            "if every token and the end of the document are right. A cell is the mean "
+            "accuracy over its lengths, mean ± std over seeds; report.json has every length."
+        )
+    table = _accuracy_table(g.header, g.trained)
+    return [f"## Exact-match accuracy by {by}", "", how, "", *table, "", picture, ""]
 
 
 def render(
@@ -538,37 +523,12 @@ def render(
 ) -> tuple[str, dict[str, Any]]:
     """The report's Markdown (linking the :data:`PICTURES` beside it) and report.json's content."""
     g = _grouped(results)
-    lengths, notes = _length_table(g.header, g.groups)
-    extended = sorted(
-        {label for r, label in zip(results, g.labels, strict=True) if r.rope_scaling},
-        key=list(g.groups).index,
-    )
-    also = (
-        f" {', '.join(f'`{label}`' for label in extended)}: the same trained runs, evaluated "
-        "with that RoPE context extension in place of their own (`model.rope_scaling` replaced "
-        "at evaluation time, no retraining)."
-        if extended
-        else ""
-    )
+    labelled = list(zip(results, g.labels, strict=True))
+    extended = sorted({label for r, label in labelled if r.rope_scaling}, key=list(g.groups).index)
+    lengths = _length_section(results, g, extended)
+    # Runs on a generated task: the main table has the validation loss, accuracy the lengths.
+    pictures = PICTURES[:2] if _tasks_only(results) else PICTURES
     trained = [r for runs in g.trained.values() for r in runs]
-    pictures, length_section = (
-        PICTURES,
-        [
-            "## Validation loss by evaluation length",
-            "",
-            f"`val loss @N` is measured at context length N on {_budget(results)} the validation "
-            "split, in non-overlapping windows of N tokens (every token a target once), by "
-            "`lm.evaluate.evaluate_lengths` (the code behind `lm eval`). "
-            f"{_windows(results)}{also}",
-            "",
-            *lengths,
-            "",
-            *(line for note in notes for line in (note, "")),
-        ],
-    )
-    if _tasks_only(results):  # the main table has the validation loss, accuracy the lengths
-        pictures, length_section = PICTURES[:2], []
-    accuracy = _accuracy_section(results, g)
     lines = [
         f"# {_title(g.header, [r.config for r in results])}",
         "",
@@ -578,10 +538,10 @@ def render(
         "",
         *_table(g.header, g.trained),
         "",
-        *length_section,
+        *lengths,
         *(f"![{Path(p).stem.replace('_', ' ')}]({p})" for p in pictures),
         "",
-        *accuracy,
+        *_accuracy_section(results, g),
         f"## Greedy continuations of “{prompt}”",
         "",
         *_unknown_note(results),
@@ -589,16 +549,40 @@ def render(
         "|---|---:|---|",
         *(
             f"| {_cell(label)} | {r.seed} | {_cell(prompt + r.continuation)} |"
-            for r, label in zip(results, g.labels, strict=True)
+            for r, label in labelled
         ),
         "",
     ]
-    numbers = {
-        "compared": g.header,
-        "prompt": prompt,
-        "runs": [r.to_json(label) for r, label in zip(results, g.labels, strict=True)],
-    }
-    return "\n".join(lines), numbers
+    runs = [r.to_json(label) for r, label in labelled]
+    return "\n".join(lines), {"compared": g.header, "prompt": prompt, "runs": runs}
+
+
+def _length_section(results: list[RunResult], g: _Grouping, extended: list[str]) -> list[str]:
+    """Validation loss by evaluation length, with its footnotes; none for runs on generated
+    tasks only, whose loss at a context length means nothing past their examples' length.
+    ``extended``: the rows of evaluation-time RoPE extensions."""
+    lengths, notes = _length_table(g.header, g.groups)
+    if _tasks_only(results):
+        return []
+    also = (
+        f" {', '.join(f'`{label}`' for label in extended)}: the same trained runs, evaluated "
+        "with that RoPE context extension in place of their own (`model.rope_scaling` replaced "
+        "at evaluation time, no retraining)."
+        if extended
+        else ""
+    )
+    return [
+        "## Validation loss by evaluation length",
+        "",
+        f"`val loss @N` is measured at context length N on {_budget(results)} the validation "
+        "split, in non-overlapping windows of N tokens (every token a target once), by "
+        "`lm.evaluate.evaluate_lengths` (the code behind `lm eval`). "
+        f"{_windows(results)}{also}",
+        "",
+        *lengths,
+        "",
+        *(line for note in notes for line in (note, "")),
+    ]
 
 
 def _title(header: str, configs: list[Config]) -> str:
@@ -617,16 +601,13 @@ def _counts(header: str, groups: dict[str, list[RunResult]]) -> str:
     """``6 runs: 3 values of position, 2 seeds each.``"""
     runs = sum(len(r) for r in groups.values())
     seeds = sorted({len(r) for r in groups.values()})
-    each = (
-        _plural(seeds[0], "seed") + " each"
-        if len(seeds) == 1
-        else (
-            f"{seeds[0]} to {seeds[-1]} seeds per {'value' if header != 'runs' else 'combination'}"
-        )
-    )
+    unit = "combination" if header == "runs" else "value"
+    each = _plural(seeds[0], "seed") + " each"
+    if len(seeds) > 1:
+        each = f"{seeds[0]} to {seeds[-1]} seeds per {unit}"
     if header in ("run", "rope_scaling"):
         return f"{_plural(runs, 'run')} of one config: {_plural(runs, 'seed')}."
-    what = _plural(len(groups), "combination" if header == "runs" else "value")
+    what = _plural(len(groups), unit)
     of = "of the keys" if header == "runs" else f"of {header}"
     return f"{_plural(runs, 'run')}: {what} {of}, {each}."
 

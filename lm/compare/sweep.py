@@ -563,7 +563,6 @@ def compare(
     ``rope_scaling`` is one evaluation-time extension for every RoPE run. The evaluation flags
     left None take their defaults in a sweep, and in a report alone of one folder the settings
     its record (``sweep.json``) holds."""
-    is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
     log = _quiet if quiet else print_to_stderr
     if out is not None:
         check_out_dir(out)
@@ -575,13 +574,8 @@ def compare(
         "prompt": prompt,
         "max_new_tokens": max_new_tokens,
     }
-    if training is not None or is_config:
-        if not is_config:
-            raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
-        if training is None and rope_scalings is None:
-            raise ConfigError(
-                f"{paths[0]}: a sweep needs --vary KEY=V1,V2,... (e.g. model.position=rope,alibi)"
-            )
+    shaped = seeds is not None or bool(overrides) or jobs != 1
+    if _is_sweep(paths, training is not None, rope_scalings is not None, shaped):
         key, values = training if training is not None else (None, None)
         if rope_scalings is not None:  # refused before any training, not after it
             settings = [value_settings(key, v) for v in values or []] if key else [[]]
@@ -593,30 +587,42 @@ def compare(
             paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs, device
         )
         return report(runs, out_dir, evaluation, device=device, log=log)
-    if seeds is not None or overrides or jobs != 1:
+    runs, evaluation = _existing_runs(paths, log)
+    evaluation = evaluation.given(**flags)
+    return report(runs, _report_dir(paths, out, runs), evaluation, device=device, log=log)
+
+
+def _is_sweep(paths: list[str], trains: bool, evaluates: bool, shaped: bool) -> bool:
+    """Whether ``lm compare`` is asked for a sweep (one config file, a key to vary) or for the
+    report of runs that exist, refusing the other's flags (``shaped``: --seeds, --set, --jobs)."""
+    is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
+    if trains and not is_config:
+        raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
+    if is_config and not (trains or evaluates):
+        raise ConfigError(
+            f"{paths[0]}: a sweep needs --vary KEY=V1,V2,... (e.g. model.position=rope,alibi)"
+        )
+    if shaped and not is_config:
         raise ConfigError(
             "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
         )
-    runs, evaluation = _existing_runs(paths, log)
-    evaluation = evaluation.given(**flags)
+    return is_config
+
+
+def _report_dir(paths: list[str], out: str | Path | None, runs: list[Path]) -> Path:
+    """Where the report of runs that exist goes: ``out``; else the one folder given (the sweep,
+    or the run, it is about); else the default one, unless it holds other runs' report."""
     if out is not None:
-        out_dir = Path(out)
-    elif len(paths) == 1:
-        out_dir = Path(paths[0])  # the sweep folder (or the run) the report is about
-    else:
-        out_dir = DEFAULT_OUT
-        _refuse_other_report(out_dir, runs)
-    return report(runs, out_dir, evaluation, device=device, log=log)
-
-
-def _refuse_other_report(out_dir: Path, runs: list[Path]) -> None:
-    """A report in ``out_dir`` about other runs is not replaced unless the user names --out."""
+        return Path(out)
+    if len(paths) == 1:
+        return Path(paths[0])
     try:
-        earlier = json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+        earlier = json.loads((DEFAULT_OUT / "report.json").read_text(encoding="utf-8"))
         theirs = {Path(r["run_dir"]).resolve() for r in earlier["runs"]}
     except (OSError, ValueError, KeyError, TypeError):
-        return  # no report there, or none that lm wrote
+        return DEFAULT_OUT  # no report there, or none that lm wrote
     if theirs != {Path(r).resolve() for r in runs}:
         raise LMError(
-            f"{out_dir}: holds the report of other runs; pass --out to write this one elsewhere"
+            f"{DEFAULT_OUT}: holds the report of other runs; pass --out to write this one elsewhere"
         )
+    return DEFAULT_OUT

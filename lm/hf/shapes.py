@@ -167,39 +167,53 @@ def model_shape(where: str, config: Any) -> dict[str, Any]:
     """
     model_type = getattr(config, "model_type", None)
     if model_type not in ARCHITECTURES:
-        raise CannotExpress(f"{where}: model_type {model_type!r}{_why_not(config)}")
-    if model_type == "gpt2":
-        _expect(where, config, "activation_function", "gelu", "lm's MLP uses exact (erf) GELU")
-        _expect(where, config, "scale_attn_weights", True, "lm scales scores by 1/sqrt(d_k)")
-        _expect(where, config, "scale_attn_by_inverse_layer_idx", False, "lm has no layer scale")
-        _expect(where, config, "add_cross_attention", False, "lm is decoder-only")
-        return {
-            "n_layer": config.n_layer,
-            "n_head": config.n_head,
-            "d_model": config.n_embd,
-            "d_ff": _ff(config.n_inner, config.n_embd),
-            "norm_eps": config.layer_norm_epsilon,
-            "dropout": float(config.resid_pdrop),
-            "max_positions": config.n_positions,
-        }
-    if model_type == "gpt_neox":
-        _expect(where, config, "hidden_act", "gelu", "lm's MLP uses exact (erf) GELU")
-        _expect(where, config, "use_parallel_residual", False, "lm's residual is sequential")
-        heads, d = config.num_attention_heads, config.hidden_size
-        if (d // heads) % 2:
-            raise refuse(where, "head_dim", d // heads, "RoPE needs an even head width")
-        return {
-            "n_layer": config.num_hidden_layers,
-            "n_head": heads,
-            "d_model": d,
-            "d_ff": _ff(config.intermediate_size, d),
-            "norm_eps": config.layer_norm_eps,
-            "dropout": float(config.hidden_dropout),
-            **rope_keys(where, config),
-            "max_positions": config.max_position_embeddings,
-        }
-    if model_type in LLAMA_STYLE:
-        return _llama_style_shape(where, config)
+        raise CannotExpress(
+            f"{where}: model_type {model_type!r} is not one lm imports: lm's model is the GPT-2, "
+            "GPT-NeoX or MPT shape (LayerNorm, exact GELU MLP, one key/value head per query "
+            "head) or the Llama and Qwen3 shape (RMSNorm, SwiGLU, grouped-query heads, RoPE)"
+        )
+    shapes = {"gpt2": _gpt2_shape, "gpt_neox": _gpt_neox_shape, "mpt": _mpt_shape}
+    return shapes.get(model_type, _llama_style_shape)(where, config)
+
+
+def _gpt2_shape(where: str, config: Any) -> dict[str, Any]:
+    """ModelConfig keys of a GPT-2 config: lm's block (the weights say which positions)."""
+    _expect(where, config, "activation_function", "gelu", "lm's MLP uses exact (erf) GELU")
+    _expect(where, config, "scale_attn_weights", True, "lm scales scores by 1/sqrt(d_k)")
+    _expect(where, config, "scale_attn_by_inverse_layer_idx", False, "lm has no layer scale")
+    _expect(where, config, "add_cross_attention", False, "lm is decoder-only")
+    return {
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "d_model": config.n_embd,
+        "d_ff": _ff(config.n_inner, config.n_embd),
+        "norm_eps": config.layer_norm_epsilon,
+        "dropout": float(config.resid_pdrop),
+        "max_positions": config.n_positions,
+    }
+
+
+def _gpt_neox_shape(where: str, config: Any) -> dict[str, Any]:
+    """ModelConfig keys of a GPT-NeoX config: lm's block with RoPE, its settings checked."""
+    _expect(where, config, "hidden_act", "gelu", "lm's MLP uses exact (erf) GELU")
+    _expect(where, config, "use_parallel_residual", False, "lm's residual is sequential")
+    heads, d = config.num_attention_heads, config.hidden_size
+    if (d // heads) % 2:
+        raise refuse(where, "head_dim", d // heads, "RoPE needs an even head width")
+    return {
+        "n_layer": config.num_hidden_layers,
+        "n_head": heads,
+        "d_model": d,
+        "d_ff": _ff(config.intermediate_size, d),
+        "norm_eps": config.layer_norm_eps,
+        "dropout": float(config.hidden_dropout),
+        **rope_keys(where, config),
+        "max_positions": config.max_position_embeddings,
+    }
+
+
+def _mpt_shape(where: str, config: Any) -> dict[str, Any]:
+    """ModelConfig keys of an MPT config: lm's block with ALiBi, bias-free, its slopes lm's."""
     attn = config.attn_config
     for key, wanted, why in (
         ("attn_type", "multihead_attention", "lm has one key/value head per query head"),
@@ -266,12 +280,3 @@ def _ff(width: int | None, d_model: int, mlp: str = "gelu") -> int | None:
     rounded up to a multiple of 8)."""
     default = ModelConfig(d_model=d_model, n_head=1, mlp=mlp).ff_dim
     return None if width is None or width == default else width
-
-
-def _why_not(config: Any) -> str:
-    """What lm imports, for the one-line refusal of another architecture."""
-    return (
-        " is not one lm imports: lm's model is the GPT-2, GPT-NeoX or MPT shape (LayerNorm, "
-        "exact GELU MLP, one key/value head per query head) or the Llama and Qwen3 shape "
-        "(RMSNorm, SwiGLU, grouped-query heads, RoPE)"
-    )

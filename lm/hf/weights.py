@@ -436,40 +436,20 @@ def from_hf(
     keys = {k: v for k, v in shape.items() if k != "max_positions"}
     rotated = round(shape.get("rope_fraction", 1.0) * (d // n_head))
     heads = Heads(n_head, shape.get("n_kv_head") or n_head, d // n_head, rotated)
+    names = _block_names(model_type, shape["n_layer"])
+    state, keys["bias"] = _block_state(where, tensors, names, heads)
 
-    def take(name: str) -> torch.Tensor:
-        if name not in tensors:
-            raise CannotExpress(f"{where}: the weights have no {name}")
-        return tensors[name].float()
-
-    # Each lm tensor from its HF parts (Llama's q_proj, k_proj and v_proj rows join in order).
-    parts: dict[str, list[torch.Tensor]] = {}
-    for lm_name, hf_name, how in _block_names(model_type, shape["n_layer"]):
-        if hf_name in tensors or not lm_name.endswith(".bias"):
-            parts.setdefault(lm_name, []).append(_from_hf(how, take(hf_name), heads))
-    joined = {name: torch.cat(pieces) for name, pieces in parts.items()}
-    state = {name: t for name, t in joined.items() if not name.endswith(".bias")}
-    biases = {name: t for name, t in joined.items() if name.endswith(".bias")}
-    # All-zero biases are what a bias-free lm model exports; any other bias makes a biased model.
-    keys["bias"] = any(bool(b.any()) for b in biases.values())
-    if keys["bias"]:
-        for lm_name, _, _ in _block_names(model_type, shape["n_layer"]):
-            if lm_name.endswith(".bias") and lm_name not in state:
-                weight = state[lm_name.removesuffix("bias") + "weight"]
-                state[lm_name] = biases.get(lm_name, torch.zeros(weight.shape[0]))
-
-    wte = take(_EMBED[model_type])
+    wte = _take(where, tensors, _EMBED[model_type]).float()
     head_name = next((h for h in _HEAD[model_type] if h in tensors), None)
     if head_name is None and not getattr(config, "tie_word_embeddings", True):
         raise CannotExpress(f"{where}: untied embeddings but no {_HEAD[model_type][0]} tensor")
-    head = take(head_name) if head_name is not None else wte
+    head = _take(where, tensors, head_name).float() if head_name is not None else wte
 
     position = {"gpt2": "learned", "mpt": "alibi"}.get(model_type, "rope")
-    context = shape["max_positions"]
-    if model_type == "mpt" and "transformer.wpe.weight" in tensors:
+    if model_type == "mpt" and _WPE in tensors:
         raise CannotExpress(f"{where}: MPT with learned positions as well as ALiBi")
     if model_type == "gpt2":
-        wpe = tensors[_WPE]
+        wpe = _take(where, tensors, _WPE)
         if not bool(wpe.any()):
             position = "none"
         elif torch.equal(wpe, sinusoidal_table(wpe.shape[0], d).to(wpe.dtype)):
@@ -478,20 +458,46 @@ def from_hf(
             state["pos_embed.weight"] = wpe.float()
 
     embed = wte
-    if position == "sinusoidal" and not torch.equal(wte, head):
-        # lm's sqrt(d) E[w] + p when wte is sqrt(d) times a table (bit for bit); else E[w] + p.
+    if position == "sinusoidal":
+        # lm's sqrt(d) E[w] + p if an untied wte is sqrt(d) E bit for bit; else E[w] + p.
         exact = tensors[_EMBED[model_type]].dtype == torch.float32
-        try:
-            embed = _unscale(where, wte, math.sqrt(d), head, exact)
-        except CannotExpress:
-            keys["scale_embeddings"] = False
-    elif position == "sinusoidal":
-        keys["scale_embeddings"] = False
+        embed = None if torch.equal(wte, head) else _unscale(wte, math.sqrt(d), head, exact)
+        if embed is None:
+            embed, keys["scale_embeddings"] = wte, False
     keys["tie_embeddings"] = torch.equal(embed, head)
     state["embed.weight"] = embed
     state["head.weight"] = embed if keys["tie_embeddings"] else head
-    keys.update(position=position, context_length=context)
+    keys.update(position=position, context_length=shape["max_positions"])
     return keys, state
+
+
+def _take(where: str, tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in tensors:
+        raise CannotExpress(f"{where}: the weights have no {name}")
+    return tensors[name]
+
+
+def _block_state(
+    where: str, tensors: dict[str, torch.Tensor], names: list[tuple[str, str, str]], heads: Heads
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """lm's tensors of the blocks and the final norm from the HF ones ``names`` pairs them with,
+    and whether the model has biases. All-zero biases are what a bias-free lm model exports;
+    any other bias makes a biased model (a bias the file lacks is zero there)."""
+    # Each lm tensor from its HF parts (Llama's q_proj, k_proj and v_proj rows join in order).
+    parts: dict[str, list[torch.Tensor]] = {}
+    for lm_name, hf_name, how in names:
+        if hf_name in tensors or not lm_name.endswith(".bias"):
+            piece = _from_hf(how, _take(where, tensors, hf_name).float(), heads)
+            parts.setdefault(lm_name, []).append(piece)
+    joined = {name: torch.cat(pieces) for name, pieces in parts.items()}
+    state = {name: t for name, t in joined.items() if not name.endswith(".bias")}
+    biases = {name: t for name, t in joined.items() if name.endswith(".bias")}
+    bias = any(bool(b.any()) for b in biases.values())
+    for lm_name, _, _ in names:
+        if bias and lm_name.endswith(".bias") and lm_name not in state:
+            weight = state[lm_name.removesuffix("bias") + "weight"]
+            state[lm_name] = biases.get(lm_name, torch.zeros(weight.shape[0]))
+    return state, bias
 
 
 def _strip(model_type: str, name: str) -> str:
@@ -502,9 +508,10 @@ def _strip(model_type: str, name: str) -> str:
 
 
 def _unscale(
-    where: str, scaled: torch.Tensor, scale: float, head: torch.Tensor, exact: bool
-) -> torch.Tensor:
-    """E such that lm's ``E * scale`` gives back ``scaled`` bit for bit (the head's E if it does).
+    scaled: torch.Tensor, scale: float, head: torch.Tensor, exact: bool
+) -> torch.Tensor | None:
+    """E such that lm's ``E * scale`` gives back ``scaled`` bit for bit (the head's E if it does);
+    None where no float32 table does.
 
     Division does not always invert a float multiplication exactly; then a neighbouring float
     of the quotient does. Weights saved in half precision were rounded already (``exact``
@@ -518,6 +525,4 @@ def _unscale(
         neighbour = torch.nextafter(guess, torch.full_like(guess, direction))
         fixed = ~done & (neighbour * scale == scaled)
         result, done = torch.where(fixed, neighbour, result), done | fixed
-    if exact and not bool(done.all()):
-        raise CannotExpress(f"{where}: the token embedding is not sqrt(d) times a float32 table")
-    return result
+    return None if exact and not bool(done.all()) else result
