@@ -340,10 +340,10 @@ def test_lm_compare_measures_an_xpos_run_with_rope_extensions():
 
 def test_init_from_ignores_a_key_no_scheme_of_either_model_reads(tmp_path):
     # dape_bias was compared on every model: a RoPE run could not start from one that had it set
-    _check_keys(tmp_path, ModelConfig(dape_bias="alibi"), ModelConfig())
+    _check_keys(tmp_path, ModelConfig(dape_bias="alibi"), ModelConfig(), "--init-from")
     dape = ModelConfig(position="dape", dape_bias="alibi")
     with pytest.raises(LMError, match=r"model\.dape_bias is 'alibi' there and 'kerple' here"):
-        _check_keys(tmp_path, dape, ModelConfig(position="dape"))
+        _check_keys(tmp_path, dape, ModelConfig(position="dape"), "--init-from")
 
 
 def test_a_key_set_for_a_scheme_that_ignores_it_names_its_readers():
