@@ -226,27 +226,24 @@ def attention_layer(d_model: int, n_head: int, **model: Any):
 
 
 def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, **masks):
-    """``layer`` run on ``x [B, T, d]`` as its model would run it: the plan built once for the
-    pass (``masks``: ``key_mask``, ``segments``), the layer's position part preparing it;
-    ``positions`` places the tokens elsewhere than the masks say."""
+    """``layer`` run on ``x [B, T, d]`` as its model would run it: the positions and its window's
+    mask made once for the pass (``masks``: ``key_mask``, ``segments``), a shared bias made by
+    the layer's scheme; ``positions`` places the tokens elsewhere than the masks say."""
     import dataclasses
 
-    from lm.model.plan import build_plan
+    import lm.model.masks as m
 
     ids = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
-    plan = build_plan(
-        config,
-        ids,
-        masks.get("key_mask"),
-        masks.get("segments"),
-        causal=causal,
-        training=layer.training,
-        kernel=kernel,
-        dtype=x.dtype,
-    )
+    key_mask, segments = masks.get("key_mask"), masks.get("segments")
+    where = m.positions(config, ids, key_mask, segments, training=layer.training)
     if positions is not None:
-        plan = dataclasses.replace(plan, positions=positions, key_positions=positions)
-    return layer(x, layer.position.prepare(plan))
+        where = dataclasses.replace(where, queries=positions, keys=positions)
+    mask = m.masks(
+        config, where, key_mask, segments, causal=causal, training=layer.training, kernel=kernel
+    )[layer.window]
+    if layer.position.shared:
+        where.biases[type(layer.position)] = layer.position.bias(where, mask)
+    return layer(x, where, mask)
 
 
 @contextlib.contextmanager

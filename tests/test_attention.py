@@ -1,6 +1,5 @@
 """The notes' claims about attention, each as a test."""
 
-import dataclasses
 import math
 
 import pytest
@@ -174,16 +173,16 @@ def test_fused_and_explicit_paths_agree_under_a_rope_extension(rope):
 
 
 def test_padded_keys_get_zero_weight_and_empty_rows_stay_finite():
-    from lm.model.plan import build_plan
+    from lm.model.masks import masks, positions
 
     torch.manual_seed(0)
     mha, cfg = attention_layer(8, 2, position="none", kernel="math")
     x = torch.randn(2, 5, 8)
     key_mask = _masks(2, 5)
-    plan = build_plan(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask, dtype=x.dtype)
-    plan = dataclasses.replace(plan, weights=[])  # the layer keeps its (S + M, A)
-    mha(x, plan)
-    w = softmax_rows(plan.weights[0][0])  # (B, H, T, T)
+    where = positions(cfg, torch.zeros(2, 5, dtype=torch.long), key_mask)
+    _, (s, a) = mha(x, where, masks(cfg, where, key_mask)[None], weights=True)  # (S + M, A)
+    w = softmax_rows(s)  # (B, H, T, T)
+    torch.testing.assert_close(w, a)
     y = self_attend(mha, cfg, x, key_mask=key_mask)
     assert (w[0, :, :, :3] == 0).all() and (w[1, :, :, -2:] == 0).all()
     assert torch.isfinite(y).all()
@@ -303,13 +302,32 @@ def test_attention_names_no_position_scheme_and_reads_like_the_notes():
     words = {w.lower() for text in texts for w in re.findall(r"[A-Za-z]+", text)}
     assert not words & {*POSITIONS, "alibi", "rotary", "sinusoids"}
     forward = inspect.signature(MultiHeadAttention.forward).parameters
-    assert list(forward) == ["self", "x", "plan", "cache"]
+    assert list(forward) == ["self", "x", "where", "mask", "cache", "weights"]
     assert len(inspect.getsource(MultiHeadAttention.forward).splitlines()) <= 40
 
 
+def test_with_dropout_the_formula_computes_each_layers_output_once():
+    # Y = dropout(A) V, and nothing else: the weights leave by being returned, not by a second
+    # product of A and V.
+    from torch.overrides import TorchFunctionMode
+
+    class Products(TorchFunctionMode):
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Products.count += getattr(func, "__name__", "") in ("matmul", "__matmul__")
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    mha, cfg = attention_layer(8, 2, position="none", kernel="math", dropout=0.5)
+    with Products():
+        self_attend(mha.train(), cfg, torch.randn(2, 5, 8))
+    assert Products.count == 2  # Q K^T and A V
+
+
 def test_no_side_channel_between_layers_remains_in_lm():
-    # Layers share one frozen Plan: no parameter named `shared` (a dict the first layer filled
-    # and later ones trusted), no `need_weights` threaded through them.
+    # Layers read the pass's positions and their window's mask: no parameter named `shared` (a
+    # dict the first layer filled and later ones trusted), no `need_weights` threaded through.
     import ast
     from pathlib import Path
 

@@ -194,6 +194,7 @@ def test_qk_norm_makes_scores_blind_to_the_scale_of_queries_and_keys():
 @pytest.mark.parametrize("position", ["rope", "xpos"])
 def test_qk_norm_normalizes_before_the_rotation(position, monkeypatch):
     import lm.model.attention
+    from lm.model.masks import positions
 
     model = _tiny(position=position, qk_norm=True, norm="rmsnorm", mlp="swiglu", n_kv_head=2)
     attn = model.blocks[0].attn
@@ -210,11 +211,11 @@ def test_qk_norm_normalizes_before_the_rotation(position, monkeypatch):
     ids = torch.randint(1, 29, (1, 9))
     with torch.no_grad():
         model(ids)
-        plan = model.plan(ids).at_window(None)
+        where = positions(model.config, ids)
         x = model.blocks[0].norm1(model.embed(ids))
         q, k, _ = attn.project(x)
-        first = attn.position.rotate(attn.q_norm(q), attn.k_norm(k), plan)
-        after = attn.position.rotate(q, k, plan)
+        first = attn.position.rotate(attn.q_norm(q), attn.k_norm(k), where)
+        after = attn.position.rotate(q, k, where)
         after = attn.q_norm(after[0]), attn.k_norm(after[1])
     for ours, wanted, wrong in zip(seen[0], first, after, strict=True):
         torch.testing.assert_close(ours, wanted)

@@ -152,7 +152,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
 ):
     # Compiled for a GPU, the sdpa kernel sends document masks and ALiBi to FlexAttention (no
     # T x T mask tensor); loss and gradients equal the eager model's SDPA-with-a-mask.
-    import lm.model.plan
+    import lm.model.masks
 
     cfg = dataclasses.replace(tiny_config().model, vocab_size=40, position=position)
     torch.manual_seed(0)
@@ -163,7 +163,7 @@ def test_compiled_model_puts_documents_and_alibi_through_flex_with_eager_gradien
     ids = torch.randint(0, cfg.vocab_size, (3, L + 1), device=CUDA)
     segments = (torch.arange(L, device=CUDA) >= L // 3).long().expand(3, -1).contiguous()
     losses = [loss_sum(eager(ids[:, :-1], segment_ids=segments), ids[:, 1:])]
-    monkeypatch.setattr(lm.model.plan, "allowed_keys", None)  # a T x T mask tensor would fail here
+    monkeypatch.setattr(lm.model.masks, "allowed_keys", None)  # a T x T mask tensor would fail here
     compiled = compile_model(twin, CUDA)
     losses.append(loss_sum(compiled(ids[:, :-1], segment_ids=segments), ids[:, 1:]))
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=0)

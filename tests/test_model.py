@@ -10,6 +10,7 @@ from _support import assert_padding_is_invisible
 
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
+from lm.model.masks import masks, positions
 from lm.model.position.base import PositionOutOfRange
 from lm.model.transformer import TransformerLM
 
@@ -105,13 +106,18 @@ def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
     assert [n for n, _ in model.named_parameters() if ".position." in n] == [
         "blocks.2.attn.position.table"  # the first t5 layer holds the one table
     ]
-    plan = model.plan(torch.zeros(1, 6, dtype=torch.long), kernel="math")
-    alibi, t5 = model.blocks[3].attn.position, model.blocks[2].attn.position
-    for i, own in ((2, t5), (3, alibi), (4, t5)):  # one bias of each scheme, side by side
-        layer = model.blocks[i].attn.position
-        torch.testing.assert_close(layer.score_bias(plan), own.score_bias(plan))
-    assert not torch.equal(alibi.score_bias(plan), t5.score_bias(plan))
-    assert not model.blocks[0].attn.biases and plan.rotation is not None
+    assert model.shared == [model.blocks[2].attn.position, model.blocks[3].attn.position]
+    seen = {}  # what each layer's scheme gives as its score bias B, in a forward pass
+    for i in (2, 3, 4):
+        attn = model.blocks[i].attn
+        attn.register_forward_pre_hook(
+            lambda m, a, i=i: seen.__setitem__(i, m.position.score_bias(*a[1:3]))
+        )
+    with torch.no_grad():
+        model(torch.zeros(1, 6, dtype=torch.long), kernel="math")
+    assert seen[2] is seen[4] and seen[2].shape == (1, 2, 6, 6)  # one bias of each scheme
+    assert not torch.equal(seen[2], seen[3])
+    assert model.blocks[0].attn.rotates and not model.blocks[0].attn.biases
 
 
 def test_tied_head_gpt2_init_and_parameter_count():
@@ -158,7 +164,6 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     position, monkeypatch
 ):
     import lm.model.masks
-    import lm.model.plan
     from lm.model.position.biases import ALiBi
 
     fused = tiny(position, n_layer=3)
@@ -170,7 +175,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     calls = {"alibi_bias": 0, "allowed_keys": 0}
     for owner, name, counter in (
         (ALiBi, "arguments", "alibi_bias"),
-        (lm.model.plan, "allowed_keys", "allowed_keys"),
+        (lm.model.masks, "allowed_keys", "allowed_keys"),
     ):
         real = getattr(owner, name)
 
@@ -192,7 +197,6 @@ def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_p
     position, monkeypatch
 ):
     import lm.model.masks
-    import lm.model.plan
 
     flex = tiny(position, n_layer=3, kernel="flex")
     explicit = tiny(position, n_layer=3, kernel="math")
@@ -204,7 +208,7 @@ def test_flex_model_builds_one_block_mask_per_forward_and_matches_the_explicit_p
     monkeypatch.setattr(
         lm.model.masks, "create_block_mask", lambda *a: built.append(1) or real_parts(*a)
     )
-    monkeypatch.setattr(lm.model.plan, "allowed_keys", None)  # no T x T mask tensor may be made
+    monkeypatch.setattr(lm.model.masks, "allowed_keys", None)  # no T x T mask tensor may be made
     with torch.no_grad():
         a = flex(ids, key_mask=key_mask, segment_ids=segments)
         assert len(built) == 1  # shared by the three layers
@@ -250,6 +254,6 @@ def test_a_run_saved_before_the_plan_loads_and_gives_its_logits(position):
     explicit = TransformerLM(dataclasses.replace(run.model.config, kernel="math")).eval()
     explicit.load_state_dict(run.model.state_dict())
     for model, kernel in ((run.model, "sdpa"), (explicit, "math")):
-        assert model.plan(ids).kernel == kernel
+        assert masks(model.config, positions(model.config, ids))[None].kernel == kernel
         with torch.no_grad():
             torch.testing.assert_close(model(ids), torch.tensor(expected), atol=1e-5, rtol=1e-5)

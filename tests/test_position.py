@@ -8,7 +8,15 @@ import torch
 from _support import attention_layer, self_attend
 
 from lm.config.sections import ModelConfig
-from lm.model.masks import positions_from_mask, positions_from_segments, random_positions
+from lm.model.masks import (
+    Mask,
+    Positions,
+    masks,
+    positions,
+    positions_from_mask,
+    positions_from_segments,
+    random_positions,
+)
 from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi, alibi_slopes, t5_bucket
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.position.rope import (
@@ -105,14 +113,11 @@ def test_rope_is_applied_to_queries_and_keys_not_values():
 
 
 def test_alibi_slopes_and_bias():
-    from lm.model.plan import build_plan
-
     torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     assert alibi_slopes(6).shape == (6,)
     cfg = ModelConfig(d_model=8, n_head=2, position="alibi")
-    plan = build_plan(cfg, torch.zeros(1, 3, dtype=torch.long), causal=False, kernel="math")
     part = ALiBi(cfg)
-    b = part.score_bias(part.prepare(plan))  # -m_h |l - j|, as the kernel takes it
+    b = _added(part, cfg, 3, causal=False)  # -m_h |l - j|, as the kernel adds it
     assert b.shape == (1, 2, 3, 3)
     torch.testing.assert_close(b[0, 0, 2], torch.tensor([-2 * 2**-4, -(2**-4), 0.0]))
 
@@ -129,14 +134,11 @@ def test_t5_buckets_are_exact_then_logarithmic_up_to_the_max_distance():
 
 
 def test_t5_bias_is_each_heads_learned_scalar_of_the_distance_bucket():
-    from lm.model.plan import build_plan
-
     cfg = ModelConfig(d_model=8, n_head=2, position="t5", t5_buckets=8, t5_max_distance=20)
     part = T5(cfg)
     with torch.no_grad():  # b_h[bucket] = 100 h + bucket: each entry names where it came from
         part.table.copy_(100 * torch.arange(2.0)[:, None] + torch.arange(8.0))
-    plan = build_plan(cfg, torch.zeros(1, 30, dtype=torch.long), kernel="math")
-    b = part.score_bias(part.prepare(plan))  # (1, H, 30, 30), the causal mask's -inf included
+    b = _added(part, cfg, 30)  # (1, H, 30, 30), the causal mask's -inf included
     assert b[0, 0, 29, 29] == 0 and b[0, 1, 29, 29] == 100  # distance 0
     assert b[0, 0, 29, 26] == 3 and b[0, 1, 29, 20] == 106 and b[0, 0, 29, 0] == 7  # 3, 9, 29
     assert torch.isinf(b[0, :, 0, 1]).all()  # a future key stays blocked
@@ -159,7 +161,6 @@ def test_t5_shares_one_table_across_layers_built_once_per_forward(monkeypatch):
 
 
 def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
-    from lm.model.plan import build_plan
     from lm.model.transformer import TransformerLM
 
     cfg = ModelConfig(vocab_size=20, d_model=8, n_layer=2, n_head=2, position="kerple")
@@ -167,15 +168,14 @@ def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
     with torch.no_grad():
         part.r1.copy_(torch.tensor([1.0, 2.0]))
         part.r2.copy_(torch.tensor([0.5, 1.0]))
-    plan = build_plan(cfg, torch.zeros(1, 4, dtype=torch.long), kernel="math")
-    b = part.score_bias(part.prepare(plan))  # (1, H, 4, 4)
+    b = _added(part, cfg, 4)  # (1, H, 4, 4)
     # distance 2: head 0 -1 log(1 + 0.5 * 2) = -log 2, head 1 -2 log(1 + 2) = -2 log 3
     torch.testing.assert_close(b[0, :, 3, 1], torch.tensor([-math.log(2), -2 * math.log(3)]))
     assert (b[0, :, 2, 2] == 0).all() and torch.isinf(b[0, :, 1, 2]).all()  # d = 0; the future
     # r1, r2 used at no less than 0.01, the gradient still reaching a parameter below that.
     with torch.no_grad():
         part.r2.copy_(torch.tensor([-1.0, 1.0]))
-    b = part.score_bias(part.prepare(plan))
+    b = _added(part, cfg, 4)
     torch.testing.assert_close(b[0, 0, 3, 1], torch.tensor(-math.log(1 + 0.02)))
     b[0, 0, 3, 1].backward()
     assert part.r2.grad[0] != 0
@@ -186,8 +186,6 @@ def test_kerple_log_bias_is_minus_r1_log_1_plus_r2_distance_per_layer():
 
 
 def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
-    from lm.model.plan import build_plan
-
     cfg = ModelConfig(d_model=8, n_head=1, position="fire", fire_width=2, fire_threshold=4.0)
     part = FIRE(cfg)
     with torch.no_grad():  # f(x) = 0.25 + 2 relu(x) + 3 relu(0.5 - x); psi(x) = log(x + 1)
@@ -195,8 +193,7 @@ def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
             getattr(part, name).copy_(torch.tensor(value))
         part.b2.fill_(0.25)
         part.c.fill_(1.0)
-    plan = build_plan(cfg, torch.zeros(1, 20, dtype=torch.long), kernel="math")
-    b = part.score_bias(part.prepare(plan))[0, 0]  # (20, 20)
+    b = _added(part, cfg, 20)[0, 0]  # (20, 20)
     # i = 2, j = 0: x = psi(2) / psi(max(L=4, 2)) = log 3 / log 5 -> 0.25 + 2x
     torch.testing.assert_close(b[2, 0], torch.tensor(0.25 + 2 * math.log(3) / math.log(5)))
     # distance 0: x = 0 -> 0.25 + 3 * 0.5; the whole context back: x = 1 -> 0.25 + 2, at i = 9
@@ -211,7 +208,7 @@ def test_fire_bias_is_its_mlp_of_the_log_distance_over_the_log_query_position():
     # c and L are learned: the bias has a gradient for both (and for the MLP).
     b[9, 3].backward()
     assert part.c.grad.abs() > 0 and part.w1.grad.abs().sum() > 0
-    b = part.score_bias(part.prepare(plan))[0, 0]
+    b = _added(part, cfg, 20)[0, 0]
     b[3, 2].backward()
     assert part.threshold_scale.grad.abs() > 0
 
@@ -248,17 +245,16 @@ def test_random_positions_are_a_sorted_draw_of_distinct_positions_per_sequence_a
 
 
 def test_random_positions_in_training_only_and_the_trained_model_reads_0_to_l():
-    from lm.model.plan import build_plan
     from lm.model.transformer import TransformerLM
 
     cfg = ModelConfig(vocab_size=20, context_length=8, n_layer=2, n_head=2, d_model=16)
     randomized = ModelConfig(**{**dataclasses.asdict(cfg), "random_positions": 64})
     ids = torch.zeros(3, 8, dtype=torch.long)
     torch.manual_seed(1)
-    drawn = build_plan(randomized, ids, training=True)
-    assert drawn.positions.shape == (3, 8) and drawn.position_limit == 64
-    assert drawn.positions.max() > 7
-    assert build_plan(randomized, ids).positions.tolist() == list(range(8))  # not training
+    drawn = positions(randomized, ids, training=True)
+    assert drawn.queries.shape == (3, 8) and drawn.limit == 64
+    assert drawn.queries.max() > 7
+    assert positions(randomized, ids).queries.tolist() == list(range(8))  # not training
     for position in ("rope", "learned", "alibi"):
         torch.manual_seed(0)
         trained = TransformerLM(dataclasses.replace(randomized, position=position)).eval()
@@ -386,35 +382,40 @@ def test_every_extension_keeps_scores_a_function_of_the_offset(rope):
 
 
 def test_the_cache_equals_the_angles_computed_at_any_length():
-    import dataclasses
-
-    from lm.model.plan import build_plan
-
     cfg = ModelConfig(
         d_model=16, n_head=2, context_length=16, rope_scaling="yarn:2", rope_original_context=16
     )
     rope, part = RopeAngles(8, method="yarn", factor=2.0, context=16), RoPE(cfg)
     assert part.rope == rope
 
-    def angles(positions, end):
-        plan = build_plan(cfg, torch.zeros(2, 1, dtype=torch.long))
-        plan = dataclasses.replace(plan, positions=positions, position_limit=end)
-        return part.prepare(plan).rotation
+    def rotated(positions, end):  # a pair (1, 0) turned by each angle: (cos, sin)
+        where = Positions(positions, positions, end, 2, (positions, positions))
+        x = torch.tensor([1.0, 0.0]).repeat(positions.shape[-1], 4)  # (L, d_k)
+        q, _ = part.rotate(x, x, where)
+        return q[..., 0::2], q[..., 1::2]
 
     inside = torch.tensor([[0, 4, 15], [1, 1, 2]])
-    assert same(angles(inside, 16), rope.cos_sin(inside))
+    assert same(rotated(inside, 16), rope.cos_sin(inside))
     beyond = torch.arange(40)
-    assert same(angles(beyond, 40), rope.cos_sin(beyond))
+    assert same(rotated(beyond, 40), rope.cos_sin(beyond))
     assert "cos" not in part.state_dict()  # recomputed, never saved in checkpoints
 
 
 # The schemes of 2023-25, each against its paper's formula written out by hand.
 
 
-def _plan(cfg: ModelConfig, T: int, **kw):
-    from lm.model.plan import build_plan
+def _pass(cfg: ModelConfig, T: int, causal: bool = True) -> tuple[Positions, Mask]:
+    """Where T tokens sit and the first window's mask, for the explicit formula."""
+    ids = torch.zeros(1, T, dtype=torch.long)
+    where = positions(cfg, ids)
+    return where, masks(cfg, where, causal=causal, kernel="math")[cfg.layer_windows[0]]
 
-    return build_plan(cfg, torch.zeros(1, T, dtype=torch.long), kernel="math", **kw)
+
+def _added(part, cfg: ModelConfig, T: int, causal: bool = True) -> torch.Tensor:
+    """``M + B`` as the kernel adds them to ``S``: the scheme's bias, -inf where ``M`` blocks."""
+    where, mask = _pass(cfg, T, causal)
+    b = part.bias(where, mask)
+    return b if mask.allowed is None else b.masked_fill(~mask.allowed, float("-inf"))
 
 
 def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
@@ -428,7 +429,7 @@ def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
     p = sinusoidal_table(6, 4).double()
     assert (p[5] @ p[3] - 2).item() == pytest.approx(table[2].item())  # the notes' p_l . p_j
     part = Sandwich(cfg)
-    b = part.score_bias(part.prepare(_plan(cfg, 3)))  # (1, H, 3, 3), -inf above the diagonal
+    b = _added(part, cfg, 3)  # (1, H, 3, 3), -inf above the diagonal
     for h, scale in enumerate((2 / 8, 2 / 16)):  # H / (8 h), h = 1, 2
         assert b[0, h, 2].tolist() == pytest.approx([scale * table[n].item() for n in (2, 1, 0)])
     assert torch.isinf(b[0, 0, 0, 1])
@@ -443,8 +444,7 @@ def test_xpos_decays_each_pair_by_zeta_to_the_offset_over_b():
     part = XPos(cfg)
     torch.manual_seed(0)
     q, k = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 6, 4)
-    plan = part.prepare(_plan(cfg, 6))
-    qx, kx = part.rotate(q, k, plan)
+    qx, kx = part.rotate(q, k, _pass(cfg, 6)[0])
     qr, kr = apply_rope(q, torch.arange(6)), apply_rope(k, torch.arange(6))
     for l, j in ((5, 2), (3, 0), (4, 4)):
         for i in (0, 1):  # pair i alone: RoPE's score times zeta_i^((l - j)/B)
@@ -460,7 +460,7 @@ def test_p_rope_rotates_the_fastest_pairs_at_the_notes_frequencies_and_leaves_th
     partial = RopeAngles(8, pairs=2).frequencies()  # rope_fraction re-spaces over 2 pairs
     assert partial.tolist() == pytest.approx([1.0, 10000**-0.5, 0.0, 0.0])
     cfg = ModelConfig(d_model=16, n_head=2, rope_p=0.5)
-    assert RopeAngles.of(cfg) == RopeAngles(8, context=256, kept=2)
+    assert RoPE(cfg).rope == RopeAngles(8, kept=2)
     x = torch.randn(5, 8)
     out = apply(RopeAngles(8, kept=2), x, torch.arange(5) * 3)
     assert torch.equal(out[:, 4:], x[:, 4:])  # the slowest pairs: not rotated
@@ -473,14 +473,15 @@ def test_fox_adds_the_log_forget_gates_between_key_and_query():
     part = FoX(cfg, 0)
     torch.manual_seed(0)
     x = torch.randn(1, 4, 4)
-    b = part.score_bias(_plan(cfg, 4), x, None, None)  # (1, H, 4, 4)
+    where, mask = _pass(cfg, 4)
+    b = part.score_bias(where, mask, x, None, None)  # (1, H, 4, 4)
     f = torch.sigmoid(part.gate(x))[0]  # (T, H): f_t per head
     for h in range(2):
         for i in range(4):
             for j in range(i + 1):  # sum over t = j+1 .. i of log f_t
                 want = sum(math.log(f[t, h].item()) for t in range(j + 1, i + 1))
                 assert b[0, h, i, j].item() == pytest.approx(want, abs=1e-6)
-    assert torch.isinf(b[0, :, 0, 1]).all()  # the future stays masked
+    assert not mask.allowed[0, 1]  # the future stays masked, by M
 
 
 def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
@@ -492,7 +493,7 @@ def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
     with torch.no_grad():
         part.table.copy_(torch.randn(4, 3))
     q, k = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 3, 4)
-    b = part.score_bias(_plan(cfg, 3), None, q, k)[0, 0]
+    b = part.score_bias(*_pass(cfg, 3), None, q, k)[0, 0]
     gates = torch.sigmoid(q[0, 0] @ k[0, 0].T / 2)  # g_ij, d_k = 4
     for i in range(3):
         for j in range(i + 1):
@@ -505,15 +506,13 @@ def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
 def test_ssmax_scales_each_querys_scores_by_s_log_of_the_keys_it_reads():
     _, cfg = attention_layer(8, 2, position="none", normalize="ssmax", kernel="math")
     from lm.model.normalize import SSMax
-    from lm.model.plan import build_plan
 
     part = SSMax(cfg)
-    plan = build_plan(cfg, torch.zeros(1, 5, dtype=torch.long), kernel="math")
     q = torch.randn(1, 2, 5, 4)
-    scaled = part.scale(q, plan)
+    scaled = part.scale(q, _pass(cfg, 5)[1])
     for l in range(5):  # query l reads keys 0 .. l: n = l + 1; s starts at 0.43
         torch.testing.assert_close(scaled[0, :, l], q[0, :, l] * 0.43 * math.log(l + 1))
-    windowed = build_plan(dataclasses.replace(cfg, window=2), torch.zeros(1, 5, dtype=torch.long))
+    windowed = _pass(dataclasses.replace(cfg, window=2), 5)[1]
     assert windowed.keys_read.flatten().tolist() == [1, 2, 2, 2, 2]  # at most the window
 
 
@@ -535,15 +534,14 @@ def test_stick_breaking_gives_each_key_its_share_of_what_the_later_keys_left():
 
 
 def test_a_sliding_window_reads_the_last_w_real_tokens():
-    from lm.model.plan import build_plan
-
     cfg = ModelConfig(d_model=8, n_head=2, n_layer=2, window=[2, None])
     key_mask = torch.tensor([[False, True, True, True, True]])  # left padding: one pad
-    plan = build_plan(cfg, torch.zeros(1, 5, dtype=torch.long), key_mask, kernel="math")
-    near = plan.at_window(2).mask[0, 0]
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    M = masks(cfg, positions(cfg, ids, key_mask), key_mask, kernel="math")
+    near = M[2].allowed[0, 0]
     assert near[4].tolist() == [False, False, False, True, True]  # itself and one before
     assert near[1].tolist() == [False, True, False, False, False]  # the first real token
-    assert plan.at_window(None).mask[0, 0, 4].tolist() == [False, True, True, True, True]
+    assert M[None].allowed[0, 0, 4].tolist() == [False, True, True, True, True]
 
 
 def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases():
@@ -555,8 +553,7 @@ def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases(
     with torch.no_grad():
         part.offset.copy_(torch.randn(2, 3))
     q, k = torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
-    plan = part.prepare(_plan(cfg, 4))
-    q2, k2 = part.rotate(q, k, plan)
+    q2, k2 = part.rotate(q, k, _pass(cfg, 4)[0])
     assert q2.shape == k2.shape == (1, 2, 4, 6)
     got = q2 @ k2.transpose(-2, -1) / math.sqrt(6)  # what every kernel computes
     sp = torch.nn.functional.softplus
@@ -583,7 +580,7 @@ def test_fope_multiplies_each_pair_by_a_fourier_series_with_the_slow_waves_clipp
     a = part.coefficients.double()
     assert a[:, 0, 0].tolist() == a[:, 1, 1].tolist() == [1.0, 1.0]
     x = torch.randn(1, 2, 5, 4, dtype=torch.float64)
-    q, _ = part.rotate(x, x, part.prepare(_plan(cfg, 5)))
+    q, _ = part.rotate(x, x, _pass(cfg, 5)[0])
     for h in range(2):
         for n in range(5):
             for m in range(2):  # pair m times sum_w a_hmw e^(i omega_w n)
@@ -617,9 +614,9 @@ def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context()
     assert torch.equal(hope(ids), p_rope(ids))
     # Beside RoPE, in a model of both, each layer reads its own angles: HoPE's slow pairs stay put.
     both = TransformerLM(ModelConfig(**shape, position=["rope", "hope"])).eval()
-    plan = both.plan(ids)
-    hope_cos, rope_cos = plan.shared_by(HoPE)[0], plan.rotation[0]  # (L, d_k/2)
-    assert (hope_cos[:, 1:] == 1).all() and not (rope_cos[:, 1:] == 1).all()
+    rope, hope = (block.attn.position for block in both.blocks)
+    assert isinstance(hope, HoPE) and not isinstance(rope, HoPE)
+    assert (hope.cos[:, 1:] == 1).all() and not (rope.cos[:, 1:] == 1).all()  # (L, d_k/2)
 
 
 def test_fope_without_its_drawn_coefficients_is_hope():
@@ -651,7 +648,8 @@ def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(stat
     torch.manual_seed(0)
     part = DAPE(cfg, 0)
     q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4)
-    got = part.score_bias(_plan(cfg, 3), None, q, k)[0]  # (H, 3, 3)
+    where, mask = _pass(cfg, 3)
+    got = part.score_bias(where, mask, None, q, k)[0]  # (H, 3, 3)
     w1, b1 = part.mix[0].weight, part.mix[0].bias
     w2, b2 = part.mix[2].weight, part.mix[2].bias
     for i in range(3):
@@ -669,7 +667,7 @@ def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(stat
             for h in range(2):
                 f = sum(w2[h, u].item() * hidden[u] for u in range(len(hidden))) + b2[h].item()
                 assert got[h, i, j].item() == pytest.approx(b[h] + f, abs=1e-5)
-    assert torch.isinf(got[:, 0, 1]).all()  # the future stays masked
+    assert not mask.allowed[0, 1]  # the future stays masked, by M
 
 
 def test_dape_needs_a_static_bias_it_can_read_and_a_kernel_that_sees_every_head():
@@ -688,7 +686,8 @@ def test_path_scores_each_key_through_the_householder_products_of_the_tokens_bet
     torch.manual_seed(0)
     part = PaTH(cfg, 0)
     x, q, k = torch.randn(1, 4, 6), torch.randn(1, 2, 4, 3), torch.randn(1, 2, 4, 3)
-    bias = part.score_bias(_plan(cfg, 4), x, q, k)[0]  # (H, 4, 4)
+    where, mask = _pass(cfg, 4)
+    bias = part.score_bias(where, mask, x, q, k)[0]  # (H, 4, 4)
     w = part.direction(x)[0].view(4, 2, 3)  # (T, H, d_k), before normalising
     beta = 2 * torch.sigmoid(part.strength(x)[0])  # (T, H)
     for h in range(2):
@@ -704,7 +703,7 @@ def test_path_scores_each_key_through_the_householder_products_of_the_tokens_bet
                 score = (k[0, h, j] @ product @ q[0, h, i]).item() / math.sqrt(3)
                 plain = (q[0, h, i] @ k[0, h, j]).item() / math.sqrt(3)  # what the kernel adds
                 assert bias[h, i, j].item() + plain == pytest.approx(score, abs=1e-5)
-    assert torch.isinf(bias[:, 0, 1]).all()  # the future stays masked
+    assert not mask.allowed[0, 1]  # the future stays masked, by M
     assert (beta > 0).all() and (beta < 2).all()
 
 

@@ -198,25 +198,24 @@ def bias_by_distance(model: TransformerLM, ids: torch.Tensor) -> dict[int, np.nd
     against the keys at distance ``0 .. T - 1`` behind it: ``{layer: [heads, T]}``, for the
     layers whose scheme biases the scores (ALiBi's ``-m_h d``; FoX's and CoPE's, which read the
     text, for this one); each layer's hook given what it reads in a forward pass."""
-    plan = model.plan(ids, kernel="math")
-    inputs: dict[int, torch.Tensor] = {}  # each biased layer's input, from a forward pass
+    inputs: dict[int, tuple] = {}  # each biased layer's input, positions and mask, from a pass
     hooks = [
-        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
+        block.attn.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args))
         for i, block in enumerate(model.blocks)
         if block.attn.biases
     ]
     try:
-        model(ids, plan=plan)
+        model(ids, kernel="math")
     finally:
         for hook in hooks:
             hook.remove()
     drawn = {}
-    for i, h in inputs.items():
+    for i, (h, where, mask, _) in inputs.items():
         attn = model.blocks[i].attn
         q, k, _ = attn.project(h)  # a scheme of the scores rotates nothing
         if attn.qk_norm:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        bias = attn.position.score_bias(plan.at_window(attn.window), h, q, k)  # (1, H, T, T)
+        bias = attn.position.score_bias(where, mask, h, q, k)  # B: (1, H, T, T)
         drawn[i] = bias[0, :, -1].flip(-1).float().cpu().numpy()  # (H, T): distance 0 first
     return drawn
 

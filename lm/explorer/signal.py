@@ -26,6 +26,7 @@ import torch
 from lm.compare.diagnostics import bias_by_distance
 from lm.config.names import SCHEMES, Place
 from lm.model.kernels import per_query_head
+from lm.model.masks import positions
 from lm.model.position import CONTENT_BIASES
 from lm.model.transformer import TransformerLM
 
@@ -49,10 +50,10 @@ def turned_scores(model: TransformerLM, layer: int, distances: int) -> np.ndarra
     scheme (its ``rotate``), scaled as the kernels scale what it returns."""
     c, attn = model.config, model.blocks[layer].attn
     device = next(model.parameters()).device
-    plan = model.plan(torch.zeros(1, distances, dtype=torch.long, device=device), kernel="math")
+    where = positions(c, torch.zeros(1, distances, dtype=torch.long, device=device))
     ones = torch.ones(1, c.n_head, distances, c.head_dim, device=device)
     with torch.no_grad():
-        q, k = attn.position.rotate(ones, ones[:, : c.kv_heads], plan.at_window(attn.window))
+        q, k = attn.position.rotate(ones, ones[:, : c.kv_heads], where)
     keys = per_query_head(k, c.n_head)[0, :, 0]  # (H, width): each head's key at position 0
     score = torch.einsum("hnc,hc->hn", q[0].double(), keys.double()) / math.sqrt(q.shape[-1])
     return score.cpu().numpy()

@@ -1,7 +1,7 @@
 """The network, beside the notes: ``transformer`` (embeddings, blocks, head, the loss),
-``attention`` (multi-head attention), ``kernels`` (``softmax(S + M) V`` three ways), ``masks``
-(which keys each query reads, where each token sits), ``plan`` (what the layers of one forward
-pass share), ``cache`` (the KV cache) and ``position`` (the position schemes, one class each)."""
+``masks`` (where each token sits, read once per forward pass, and each window's mask ``M``),
+``attention`` (multi-head attention), ``kernels`` (``softmax(S + B + M) V`` three ways),
+``cache`` (the KV cache) and ``position`` (the position schemes, one class each)."""
 
 from lm.model.transformer import TransformerLM
 

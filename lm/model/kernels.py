@@ -1,9 +1,10 @@
-"""``Y = softmax_row(S + M) V`` three ways, held equal to float tolerance by the tests: the notes'
-formula written out (:func:`attention`, with :func:`softmax_rows`); PyTorch's fused SDPA, whose
-mask-free causal path is flash attention on GPUs; and FlexAttention, which takes the mask as a
-block mask (wholly blocked blocks are skipped) and a score bias as a function of (batch, head,
-query, key), so no ``T x T`` tensor exists. ``lm.model.attention.attend`` calls the one that
-runs, decided once per forward pass (:func:`choose_kernel`, called by :mod:`lm.model.plan`).
+"""``Y = softmax_row(S + B + M) V`` three ways, held equal to float tolerance by the tests: the
+notes' formula written out (:func:`attention`, with :func:`softmax_rows`); PyTorch's fused SDPA,
+whose mask-free causal path is flash attention on GPUs; and FlexAttention, which takes the mask
+as a block mask (wholly blocked blocks are skipped) and a score bias as a function of (batch,
+head, query, key), so no ``T x T`` tensor exists. ``lm.model.attention.attend`` calls the one
+that runs, decided once per forward pass (:func:`choose_kernel`, called by
+``lm.model.masks.masks``).
 
 Which kernel runs. ``model.kernel: math`` runs the notes' formula; ``model.normalize:
 stick_breaking`` runs its own formula, written out, whatever the kernel. FlexAttention needs no KV
@@ -47,45 +48,47 @@ def softmax_rows(scores: torch.Tensor) -> torch.Tensor:
     return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``S + M``, ``S = Q K^T / sqrt(d_k)``: q ``[..., Lq, d_k]``, k ``[..., Lk, d_k]``; ``mask``
-    additive (float: the notes' ``M``, a position bias added) or boolean (True = may attend),
-    broadcastable to ``[..., Lq, Lk]``."""
+def scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    M: torch.Tensor | None = None,
+    B: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``S + B + M``, ``S = Q K^T / sqrt(d_k)``: q ``[..., Lq, d_k]``, k ``[..., Lk, d_k]``; a
+    scheme's score bias ``B`` and the mask ``M``, additive (float: the notes' ``M``) or boolean
+    (True = may attend), each broadcastable to ``[..., Lq, Lk]``."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S: (..., Lq, Lk)
-    if mask is None:
+    s = s if B is None else s + B
+    if M is None:
         return s
-    return s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    return s.masked_fill(~M, float("-inf")) if M.dtype == torch.bool else s + M
 
 
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention, written out: returns ``(Y, A)``, ``A = softmax_row(S +
-    M)`` (:func:`scores`; v ``[..., Lk, d_v]``)."""
-    weights = softmax_rows(scores(q, k, mask))  # A
-    return weights @ v, weights
+def attention(q, k, v, mask=None, bias=None, dropout: float = 0.0):
+    """Scaled dot-product attention, written out: returns ``(Y, A)``, ``A = softmax_row(S + B +
+    M)`` (:func:`scores`, ``M`` the ``mask`` and ``B`` the ``bias``; v ``[..., Lk, d_v]``),
+    ``Y = A V`` with ``dropout`` on ``A``."""
+    weights = softmax_rows(scores(q, k, mask, bias))  # A
+    return (F.dropout(weights, dropout) if dropout else weights) @ v, weights
 
 
-def stick_breaking(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def stick_breaking(q, k, v, mask=None, bias=None, dropout: float = 0.0):
     """Stick-breaking attention (Tan et al. 2025, "Scaling Stick-Breaking Attention", arXiv
     2410.17980, eq. 3), written out: returns ``(Y, A)`` with ``A_lj = sigma(z_lj) prod_{j < m <=
-    l} (1 - sigma(z_lm))`` for ``z = S + M`` (shapes and ``mask`` as :func:`attention`). Each
-    query breaks a stick from its nearest key back: key j takes the share ``sigma(z_lj)`` of what
-    the keys after it left, so nearer keys come first and a row sums to at most 1 (what no key
-    takes is read from nowhere). Computed in log space, ``log A_lj = log sigma(z_lj) + sum_{m >
-    j} log sigma(-z_lm)``, a blocked key taking nothing and leaving everything."""
-    z = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Lq, Lk)
-    if mask is not None and mask.dtype != torch.bool:
-        z = z + mask  # a bias, and -inf where blocked
+    l} (1 - sigma(z_lm))`` for ``z = S + B`` over the keys a boolean ``mask`` ``M`` allows
+    (shapes as :func:`attention`). Each query breaks a stick from its nearest key back: key j
+    takes the share ``sigma(z_lj)`` of what the keys after it left, so nearer keys come first and
+    a row sums to at most 1 (what no key takes is read from nowhere). Computed in log space,
+    ``log A_lj = log sigma(z_lj) + sum_{m > j} log sigma(-z_lm)``, a blocked key taking nothing
+    and leaving everything."""
+    z = scores(q, k, None, bias)  # (..., Lq, Lk)
     take, leave = F.logsigmoid(z), F.logsigmoid(-z)  # log sigma(z), log(1 - sigma(z))
-    if mask is not None and mask.dtype == torch.bool:
+    if mask is not None:
         take = take.masked_fill(~mask, float("-inf"))
         leave = leave.masked_fill(~mask, 0.0)
     after = leave.flip(-1).cumsum(dim=-1).flip(-1) - leave  # sum over the keys after each one
     weights = torch.exp(take + after)
-    return weights @ v, weights
+    return (F.dropout(weights, dropout) if dropout else weights) @ v, weights
 
 
 def choose_kernel(setting: str, config: ModelConfig, device, masked: bool, cache, training) -> str:

@@ -1,18 +1,30 @@
-"""Which keys each query may read, and where each token sits (notes, "A causal mask removes
+"""Where each token sits and which keys each query may read (notes, "A causal mask removes
 future positions before softmax" and "Implementation detail: padding masks exclude absent
-tokens").
+tokens"): the two things a forward pass works out once, before any layer runs.
 
-The notes' causal mask ``M`` (:func:`causal_mask`), the key mask of a padded batch and the
-document mask of a packed one, as one boolean tensor (True = may read) for SDPA and the explicit
-formula (:func:`allowed_keys`) or as a FlexAttention block mask (:func:`flex_block_mask`). Every
-scheme counts real tokens only: padding takes no position and each packed document starts
-again at 0 (:func:`positions_from_mask`, :func:`positions_from_segments`); in training,
-positions may be drawn at random instead (:func:`random_positions`).
+:func:`positions` is what every layer shares, :class:`Positions`: each query's and key's position,
+counting real tokens only (padding takes no position and each packed document starts again at 0:
+:func:`positions_from_mask`, :func:`positions_from_segments`; in training, positions may be drawn
+at random instead, :func:`random_positions`). :func:`masks` is what the layers of one sliding
+window need, :class:`Mask`: the notes' ``M`` (:func:`causal_mask`, with the key mask of a padded
+batch and the document mask of a packed one) in the form the forward pass's kernel takes, a
+boolean tensor (True = may read, :func:`allowed_keys`), a FlexAttention block mask
+(:func:`flex_block_mask`), or nothing at all where SDPA applies the causal order itself. A
+scheme's score bias ``B`` stays apart from ``M`` until the kernel adds them
+(``lm.model.attention.attend``). A query row whose every key is blocked (left padding makes such
+rows) reads every key instead and is zeroed afterwards, so no kernel sees an empty row.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
+
+from lm.config.names import SCORE_BIASES
+from lm.config.sections import ModelConfig
+from lm.model.kernels import choose_kernel
 
 try:  # PyTorch >= 2.5
     from torch.nn.attention.flex_attention import create_block_mask
@@ -129,7 +141,7 @@ def random_positions(
     trained on short sequences has seen the positions of sequences up to ``limit``. ``[batch,
     length]``, drawn from torch's generator (a checkpoint keeps its state).
 
-    lm draws them in training (``build_plan``); evaluation and sampling read ``0 .. n-1``, unless
+    lm draws them in training (:func:`positions`); evaluation and sampling read ``0 .. n-1``, unless
     ``model.random_positions_eval`` draws them there too, as the paper's code
     (google-deepmind/randomized_positional_encodings) does at every call (its draw is one per
     batch rather than per sequence)."""
@@ -150,3 +162,112 @@ def positions_from_segments(segment_ids: torch.Tensor) -> torch.Tensor:
     starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
     return index - first
+
+
+# What a forward pass works out once.
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where the tokens of one forward pass sit, read once for every layer."""
+
+    queries: torch.Tensor
+    """Each query's position ``[Lq]`` or ``[B, Lq]``, as a position scheme reads it."""
+    keys: torch.Tensor
+    """Each key slot's position ``[Lk]`` or ``[B, Lk]`` (with a KV cache, every slot)."""
+    limit: int
+    """Every position is below it, known without a device read: the slots filled after this
+    pass, or ``model.random_positions`` where positions are drawn."""
+    batch: int
+    counted: tuple[torch.Tensor, torch.Tensor]
+    """Queries' and keys' real tokens counted from 0, which a window measures: ``queries`` and
+    ``keys`` unless those were drawn at random."""
+    biases: dict[type, Any] = field(default_factory=dict)
+    """The score bias ``B`` of each scheme whose layers share one (ALiBi's, T5's), by its class:
+    made once by the model from these positions (``ScoreBias.bias``) before any layer reads it."""
+
+
+@dataclass(frozen=True)
+class Mask:
+    """The notes' ``M`` for the layers of one window, in the form the pass's kernel takes."""
+
+    kernel: str
+    """sdpa | flex | math, or stick_breaking (``lm.model.kernels.choose_kernel``)."""
+    allowed: Any = None
+    """Which keys each query may read: boolean ``[B|1, 1, Lq, Lk]`` or ``[Lq, Lk]`` (True = may
+    read), a block mask (flex), or None: every key (in causal order if ``causal``)."""
+    no_keys: torch.Tensor | None = None
+    """``[B, 1, Lq, 1]``: queries with no key to read, zeroed after the kernel; None: none."""
+    causal: bool = False
+    """The kernel applies the causal order itself (SDPA's mask-free causal path)."""
+    keys_read: torch.Tensor | None = None
+    """How many keys each query reads, ``[B|1, 1, Lq, 1]`` (SSMax's n); None: not needed."""
+
+
+def positions(
+    config: ModelConfig, input_ids, key_mask=None, segments=None, cache=None, training=False
+) -> Positions:
+    """Where the tokens ``input_ids`` sit, with ``key_mask`` (True = real token) and ``segments``
+    (each token's document), ``[B, T]`` each, and ``cache`` (a ``KVCache`` whose newest slots
+    these tokens took): each row counts its own real tokens from 0."""
+    (B, T), device = input_ids.shape, input_ids.device
+    if cache is not None:
+        queries, keys = cache.positions, cache.key_positions
+    elif segments is not None:
+        queries = keys = positions_from_segments(segments)
+    elif key_mask is not None:
+        queries = keys = positions_from_mask(key_mask)
+    else:
+        queries = keys = torch.arange(T, device=device)
+    counted, limit = (queries, keys), T + (0 if cache is None else cache.start)
+    drawn = training or config.random_positions_eval  # (model.random_positions_eval)
+    if drawn and cache is None and config.random_positions is not None:  # Ruoss et al.
+        limit = config.random_positions
+        queries = keys = random_positions(B, T, limit, key_mask, segments, device)
+    return Positions(queries, keys, limit, B, counted)
+
+
+def masks(
+    config,
+    where,
+    key_mask=None,
+    segments=None,
+    cache=None,
+    causal=True,
+    training=False,
+    kernel=None,
+) -> dict[int | None, Mask]:
+    """Each window's ``M`` (None: every key) for the pass whose tokens sit at ``where``, in the
+    form of the kernel it runs (``kernel`` in place of ``model.kernel``); ``causal=False``:
+    every query reads every key."""
+    (queries, keys), first = where.counted, 0
+    T, device = queries.shape[-1], queries.device
+    if cache is not None:  # the filled slots are what the new tokens may read
+        first, key_mask, causal = cache.start, cache.key_mask, causal and T > 1
+    biased = not set(config.layer_positions).isdisjoint(SCORE_BIASES)  # B: M is a tensor
+    plain = key_mask is None and segments is None and set(config.layer_windows) == {None}
+    plain = plain and not biased
+    kernel = choose_kernel(kernel or config.kernel, config, device, not plain, cache, training)
+    out, ssmax, ordered = {}, config.normalize == "ssmax", causal or cache is not None
+    for window in dict.fromkeys(config.layer_windows):
+        read = keys_read(queries, window, ordered) if ssmax else None  # SSMax's n
+        if kernel == "sdpa" and causal and plain:  # SDPA's own causal path
+            out[window] = Mask(kernel, causal=True, keys_read=read)
+        elif kernel == "flex":
+            allowed = flex_block_mask(key_mask, segments, causal, T, device, window, queries)
+            out[window] = Mask(kernel, allowed, keys_read=read)
+        else:
+            allowed = allowed_keys(
+                key_mask, segments, causal, T, keys.shape[-1], first, device, window, queries, keys
+            )
+            out[window] = Mask(kernel, *allowed, keys_read=read)
+    return out
+
+
+def keys_read(counted: torch.Tensor, window: int | None, causal: bool) -> torch.Tensor:
+    """SSMax's n, ``[B|1, 1, T, 1]``: the real keys up to each query (all T without the causal
+    order), within the window."""
+    T = counted.shape[-1]
+    read = (counted + 1) if causal else counted.new_full(counted.shape, T)
+    read = read if window is None else read.clamp(max=window)
+    return read.view(-1, 1, T, 1)

@@ -3,7 +3,7 @@
 The notes' ``softmax_row(S + M)``; Scalable-Softmax, which scales each query's scores by the
 log of how many keys it reads, so that attention does not flatten as the context grows; and
 stick-breaking, which replaces the softmax (:func:`lm.model.kernels.stick_breaking`, chosen as
-the plan's kernel). The softmax and stick-breaking are the kernel's; only SSMax adds a step, on
+the pass's kernel). The softmax and stick-breaking are the kernel's; only SSMax adds a step, on
 the queries, which an attention layer holding it takes (:meth:`SSMax.scale`).
 """
 
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
+from lm.model.masks import Mask
 
 
 class SSMax(nn.Module):
@@ -27,13 +27,7 @@ class SSMax(nn.Module):
         super().__init__()
         self.s = nn.Parameter(torch.full((config.n_head,), 0.43))
 
-    def scale(self, q: torch.Tensor, plan: Plan) -> torch.Tensor:
-        """Queries ``[B, H, T, d_k]`` times ``s_h log n``."""
-        log_n = torch.log(plan.keys_read.to(torch.float32))  # (B|1, 1, T, 1)
+    def scale(self, q: torch.Tensor, mask: Mask) -> torch.Tensor:
+        """Queries ``[B, H, T, d_k]`` times ``s_h log n``, n the keys ``mask`` lets each read."""
+        log_n = torch.log(mask.keys_read.to(torch.float32))  # (B|1, 1, T, 1)
         return q * (self.s.view(1, -1, 1, 1) * log_n).to(q.dtype)
-
-
-def query_scale(config: ModelConfig) -> SSMax | None:
-    """What an attention layer does to its queries for ``model.normalize``: SSMax's scale, or
-    nothing (None)."""
-    return SSMax(config) if config.normalize == "ssmax" else None

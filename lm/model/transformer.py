@@ -14,7 +14,6 @@ tokens only, so every real token's logits equal those of its sequence run alone.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -22,11 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
-from lm.model.plan import Plan, build_plan
-from lm.model.position import embedding_scheme
+from lm.model.masks import Mask, Positions, masks, positions
+from lm.model.position import SCHEME_CLASSES
 from lm.model.rmsnorm import RMSNorm
 
 
@@ -99,8 +99,8 @@ class Block(nn.Module):
         self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, plan: Plan, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), plan, cache))
+    def forward(self, x: torch.Tensor, where: Positions, mask: Mask, cache=None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x), where, mask, cache))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
@@ -110,38 +110,29 @@ class TransformerLM(nn.Module):
         if config.vocab_size is None:
             raise ValueError("ModelConfig.vocab_size must be set (it comes from the tokenizer)")
         self.config = config
-        d = config.d_model
-        self.embed = nn.Embedding(config.vocab_size, d)  # E
-        self.pos_embed = embedding_scheme(config)  # adds p_l; None: the scheme acts elsewhere
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)  # E
+        scheme = SCHEME_CLASSES[config.layer_positions[0]]  # one for every layer if on E[w]
+        self.pos_embed = scheme(config) if scheme.place is Place.EMBEDDINGS else None  # p_l
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.blocks = nn.ModuleList(map(Block, [config] * config.n_layer, range(config.n_layer)))
         self.norm = block_norm(config)
-        self.head = nn.Linear(d, config.vocab_size, bias=False)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
-        # What the layers of a shared scheme read is prepared by its first layer (T5's holds its
-        # table) for all of them, at each window they read: [(scheme, windows)], a list so that
-        # the layers, not the model, own the schemes.
-        first: dict[type, tuple] = {}
-        for block in self.blocks:
-            scheme, window = block.attn.position, block.attn.window
-            windows = first.setdefault(type(scheme), (scheme, []))[1]
-            if scheme.shared and window not in windows:
-                windows.append(window)
-        self._shared = [(scheme, windows) for scheme, windows in first.values() if windows]
-        self.apply(self._init_weights)
-        # GPT-2: residual-path output projections scaled so the stream's variance stays O(1)
-        # whatever the depth.
+        for module in self.modules():  # GPT-2's initialisation, in the order apply() visits
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        # GPT-2: residual-path output projections scaled so the stream's variance stays O(1).
         for block in self.blocks:
             for proj in (block.attn.out, block.mlp.down):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+        self.shared = []  # of each scheme whose layers share one bias (ALiBi, T5), the first
+        for block in self.blocks:  # layer's, which makes it (a list: not submodules again)
+            scheme = block.attn.position
+            if scheme.shared and type(scheme) not in map(type, self.shared):
+                self.shared.append(scheme)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Distinct parameters (a tied head counts once); optionally without the embeddings."""
@@ -171,47 +162,28 @@ class TransformerLM(nn.Module):
         return 6 * n + 12 * c.n_layer * c.d_model * seq_len
 
     def forward(
-        self,
-        input_ids: torch.Tensor,
-        key_mask: torch.Tensor | None = None,
-        segment_ids: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        plan: Plan | None = None,
+        self, input_ids: torch.Tensor, key_mask=None, segment_ids=None, cache=None, kernel=None
     ) -> torch.Tensor:
         """Logits ``[B, T, vocab]`` for ``input_ids [B, T]``: ``key_mask [B, T]`` (True = real
-        token) for padded batches; ``segment_ids [B, T]`` for packed windows of several
-        documents (attention stays inside each and positions restart); ``cache`` to decode after
-        earlier calls; ``plan`` one :meth:`plan` made for these inputs."""
+        token) for padded batches; ``segment_ids [B, T]`` for packed windows of several documents
+        (attention stays inside each and positions restart); ``cache`` to decode after earlier
+        calls; ``kernel`` in place of ``model.kernel``."""
+        c, training = self.config, self.training
         if cache is not None:  # the new tokens take the cache's next slots
-            real = torch.ones_like(input_ids, dtype=torch.bool) if key_mask is None else key_mask
-            cache.extend(real)
-        if plan is None:  # positions, masks, what the layers share: once
-            plan = self.plan(input_ids, key_mask, segment_ids, cache)
+            cache.extend(
+                torch.ones_like(input_ids, dtype=torch.bool) if key_mask is None else key_mask
+            )
+        where = positions(c, input_ids, key_mask, segment_ids, cache, training)  # read once
+        M = masks(c, where, key_mask, segment_ids, cache, training=training, kernel=kernel)
+        for scheme in self.shared:  # the bias B its layers share, made before they read it
+            where.biases[type(scheme)] = scheme.bias(where, M[c.layer_windows[0]])
         x = self.embed(input_ids)  # E[w_l]: (B, T, d)
         if self.pos_embed is not None:
-            x = self.pos_embed.embed(x, plan)  # E[w_l] + p_l
+            x = self.pos_embed.embed(x, where)  # E[w_l] + p_l
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, plan, cache)  # (B, T, d)
+            x = block(x, where, M[block.attn.window], cache)  # (B, T, d)
         return self.head(self.norm(x))  # (B, T, vocab)
-
-    def plan(
-        self,
-        input_ids: torch.Tensor,
-        key_mask: torch.Tensor | None = None,
-        segment_ids: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        kernel: str | None = None,
-    ) -> Plan:
-        """Where every token sits and which keys each query reads, with what a position scheme
-        shares across layers (RoPE's angles, ALiBi's bias): one value for every layer."""
-        inputs, dtype = (input_ids, key_mask, segment_ids, cache), self.embed.weight.dtype
-        plan = build_plan(self.config, *inputs, training=self.training, kernel=kernel, dtype=dtype)
-        base = plan.window
-        for scheme, windows in self._shared:
-            for window in windows:
-                plan = scheme.prepare(plan.at_window(window))
-        return plan.at_window(base)
 
     def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
         """An empty KV cache of ``capacity`` slots for ``batch`` sequences, on this model's
@@ -226,14 +198,22 @@ class TransformerLM(nn.Module):
         key_mask: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's normalization input ``S + M`` and attention matrix ``A`` (the notes'
-        ``softmax_row(S + M)``, or the model's ``model.normalize``), ``[B, H, T, T]`` each, as
-        a forward pass through the explicit formula computes them: ``(scores, weights)`` per
-        layer; the masks as ``forward`` takes them."""
-        plan = self.plan(input_ids, key_mask, segment_ids, kernel="math")
-        plan = dataclasses.replace(plan, weights=[])  # each layer appends its own
-        self(input_ids, key_mask, segment_ids, plan=plan)
-        return plan.weights
+        """Every layer's normalization input ``S + B + M`` and attention matrix ``A`` (the
+        notes' ``softmax_row(S + M)``, or the model's ``model.normalize``), ``[B, H, T, T]``
+        each, as a forward pass through the explicit formula computes them: ``(scores,
+        weights)`` per layer; the masks as ``forward`` takes them."""
+        layers = []
+
+        def keep(attn, args, y):  # the layer once more, returning its weights as well
+            layers.append(attn.forward(*args, weights=True)[1])
+
+        hooks = [block.attn.register_forward_hook(keep) for block in self.blocks]
+        try:
+            self(input_ids, key_mask, segment_ids, kernel="math")
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return layers
 
 
 # Logits above this many elements are scored in chunks of rows, so that no fp32 copy of the whole

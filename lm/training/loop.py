@@ -30,7 +30,7 @@ from lm.data.batches import TrainBatches
 from lm.data.sources import PreparedData, prepare_data, print_to_stderr
 from lm.evaluate import eval_draws, evaluate
 from lm.model.kernels import flex_backward
-from lm.model.plan import build_plan
+from lm.model.masks import masks, positions
 from lm.model.transformer import TransformerLM
 from lm.runs.checkpoint import (
     CheckpointError,
@@ -369,13 +369,14 @@ def _ran(run: _Run, net: _Net) -> dict[str, Any]:
     ids = torch.zeros(1, model.context_length, dtype=torch.long, device=run.device)
     key_mask = torch.ones_like(ids, dtype=torch.bool) if data.mode == "padded" else None
     segments = torch.zeros_like(ids) if data.document_mask else None
-    with torch.enable_grad():
-        plan = build_plan(model, ids, key_mask, segments, training=True)
+    with torch.enable_grad():  # the kernel is each window's mask's
+        where = positions(model, ids, key_mask, segments, training=True)
+        mask = next(iter(masks(model, where, key_mask, segments, training=True).values()))
     return {
         "device": str(run.device),
         "dtype": str(net.dtype).removeprefix("torch."),
         **({"dtype_choice": net.dtype_choice.record()} if net.dtype_choice else {}),
-        "kernel": plan.kernel,
+        "kernel": mask.kernel,
         **({"kernel_choice": net.kernel_choice.record()} if net.kernel_choice else {}),
         "threads": torch.get_num_threads(),
         "compile": compile_enabled(run.config.train.compile, run.device),

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from lm.config.sections import Config, ModelConfig, TrainConfig
 from lm.data.batches import TrainBatches
 from lm.data.sources import PreparedData
-from lm.model.plan import build_plan
+from lm.model.masks import masks, positions
 from lm.model.transformer import TransformerLM
 from lm.runtime import choices
 from lm.runtime.device import autocast_context, cpu_bf16_kind, resolve_dtype
@@ -224,10 +224,11 @@ def _not_measured(device: torch.device, processes: int) -> str:
 
 def _same_kernel(model: ModelConfig) -> str:
     """Why asking for another kernel would not change this model's training step on a CPU, or
-    '' where it would: the plan of a training step given sdpa runs something else."""
+    '' where it would: the masks of a training step given sdpa are in another kernel's form."""
     ids = torch.zeros(1, model.context_length, dtype=torch.long)
     with torch.enable_grad():
-        ran = build_plan(model, ids, training=True, kernel="sdpa").kernel
+        where = positions(model, ids, training=True)
+        ran = next(iter(masks(model, where, training=True, kernel="sdpa").values())).kernel
     if ran == "sdpa":
         return ""
     return f"its training step runs the explicit formula ({ran}) whatever the kernel"

@@ -11,7 +11,8 @@ A scheme overrides only the hooks of its place (:class:`~lm.model.position.base.
 the model and attention call the hooks of that place without asking which scheme they hold. A new
 scheme is its class and its row in ``lm.config.names.SCHEMES``, which names the class
 (``module:Class``); :data:`SCHEME_CLASSES` is read from the rows. Each attention layer builds its
-own scheme (``attention_scheme(config, layer)``), so a scheme knows its layer.
+own scheme (``cls(config, layer)``), so a scheme knows its layer; a scheme of the embeddings is
+built once, by the model.
 
 The schemes live by family: ``embeddings`` (sinusoids, a learned table), ``rope`` (RoPE, with
 partial rotation, p-RoPE and the context extensions PI, NTK-aware and YaRN, each with its formula
@@ -25,8 +26,7 @@ from __future__ import annotations
 import importlib
 
 from lm.config.names import SCHEMES, Place, SchemeRow
-from lm.config.sections import ModelConfig
-from lm.model.position.base import NoPosition, Scheme, ScoreBias
+from lm.model.position.base import Scheme, ScoreBias
 
 
 def _scheme_class(row: SchemeRow) -> type[Scheme]:
@@ -45,18 +45,3 @@ CONTENT_BIASES = tuple(
     if cls.place is Place.SCORES and not issubclass(cls, ScoreBias)
 )
 """The score biases that read the layer's content (FoX's, CoPE's), not positions alone."""
-
-
-def embedding_scheme(config: ModelConfig) -> Scheme | None:
-    """What the model adds to the token embeddings: the scheme if it acts there (a scheme that
-    does is never chosen per layer, so layer 0's scheme is every layer's), else None."""
-    cls = SCHEME_CLASSES[config.layer_positions[0]]
-    return cls(config) if cls.place is Place.EMBEDDINGS else None
-
-
-def attention_scheme(config: ModelConfig, layer: int = 0) -> Scheme:
-    """What attention layer ``layer`` does with positions: its scheme if it acts there."""
-    cls = SCHEME_CLASSES[config.layer_positions[layer]]
-    if cls.place in (Place.QUERIES_AND_KEYS, Place.SCORES):
-        return cls(config, layer)
-    return NoPosition(config, layer)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
+from lm.model.masks import Positions
 from lm.model.position.base import ScoreBias
 from lm.model.position.embeddings import frequencies
 
@@ -57,7 +57,7 @@ class ALiBi(ScoreBias):
         super().__init__(config, layer)
         self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
 
-    def arguments(self, plan: Plan) -> tuple:
+    def arguments(self, where: Positions) -> tuple:
         return (self.slopes,)
 
 
@@ -106,11 +106,11 @@ class T5(ScoreBias):
     Shared across layers: the paper shares one table among all layers ("we also share the
     position embedding parameters across all layers in our model, though within a given layer
     each attention head uses a different learned position embedding"), and so does lm: the first
-    layer using ``t5`` holds the table ``[heads, buckets]`` (as transformers' T5 does) and builds
-    the bias once per forward pass; the other ``t5`` layers read it from the plan. T5 adds the
-    bias to the unscaled logits ``q·k`` (its initialisation absorbs 1/sqrt(d_k)); lm adds it to
-    ``S = q·k / sqrt(d_k)``, as every score bias here. The table starts as transformers' T5
-    starts it, normal with std ``d_model^-0.5``.
+    layer using ``t5`` holds the table ``[heads, buckets]`` (as transformers' T5 does) and the
+    model builds the bias from it once per forward pass for every ``t5`` layer
+    (``Positions.biases``). T5 adds the bias to the unscaled logits ``q·k`` (its initialisation
+    absorbs 1/sqrt(d_k)); lm adds it to ``S = q·k / sqrt(d_k)``, as every score bias here. The
+    table starts as transformers' T5 starts it, normal with std ``d_model^-0.5``.
     """
 
     name = "t5"
@@ -124,7 +124,7 @@ class T5(ScoreBias):
             table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
             self.table = nn.Parameter(table)
 
-    def arguments(self, plan: Plan) -> tuple:
+    def arguments(self, where: Positions) -> tuple:
         return self.table, self.buckets, self.max_distance
 
 
@@ -163,7 +163,7 @@ class KERPLE(ScoreBias):
         self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
         self.r2 = nn.Parameter(torch.rand(config.n_head))
 
-    def arguments(self, plan: Plan) -> tuple:
+    def arguments(self, where: Positions) -> tuple:
         # made positive once, outside FlexAttention's score function (which computes scalars
         # only: no tensor of its own)
         return positive(self.r1), positive(self.r2)
@@ -238,7 +238,7 @@ class FIRE(ScoreBias):
         self.threshold_scale = nn.Parameter(torch.tensor([1.0]))  # s
         self.threshold_init = float(config.fire_threshold)  # L0
 
-    def arguments(self, plan: Plan) -> tuple:
+    def arguments(self, where: Positions) -> tuple:
         """c, L and the MLP as :func:`fire_bias` takes them, computed once per forward pass."""
         threshold = (self.threshold_scale * self.threshold_init).abs()[0]
         return self.c[0], threshold, (self.w1, self.b1, self.w2, self.b2)
@@ -283,7 +283,7 @@ class Sandwich(ScoreBias):
         heads = torch.arange(1, config.n_head + 1, dtype=torch.float64)
         self.register_buffer("scales", config.n_head / (8 * heads), persistent=False)
 
-    def arguments(self, plan: Plan) -> tuple:
-        # the table up to the plan's limit: no device read for its length
-        table = sandwich_table(plan.position_limit, self.d, plan.positions.device).float()
+    def arguments(self, where: Positions) -> tuple:
+        # the table up to the positions' limit: no device read for its length
+        table = sandwich_table(where.limit, self.d, where.queries.device).float()
         return table, self.scales.float()

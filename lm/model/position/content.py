@@ -6,6 +6,7 @@ They use the ``score_bias`` hook's ``x``, ``q`` and ``k``."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from torch import nn
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import per_query_head
-from lm.model.plan import AdditiveMask, Plan
+from lm.model.masks import Mask, Positions
 from lm.model.position.base import Scheme
 
 
@@ -33,7 +34,7 @@ class FoX(Scheme):
     name = "fox"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
+        super().__init__()
         self.layer = layer or 0  # its slot in a KV cache
         self.gate = nn.Linear(config.d_model, config.n_head, bias=True)
 
@@ -43,24 +44,25 @@ class FoX(Scheme):
 
     def score_bias(
         self,
-        plan: Plan,
+        where: Positions,
+        mask: Mask,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask:
+    ) -> torch.Tensor | Callable:
         log_f = self.log_forget(x)  # (B, H, T)
         if cache is not None:
             queries, keys = cache.cumulative(self.layer, log_f)  # (B, H, T), (B, H, slots)
         else:
             queries = keys = log_f.cumsum(dim=-1)  # c_t
-        if plan.kernel == "flex":
+        if mask.kernel == "flex":
 
             def score_mod(s, b, h, qi, kj):
                 return s + queries[b, h, qi] - keys[b, h, kj]
 
             return score_mod
-        return plan.masked(queries[..., :, None] - keys[..., None, :])  # (B, H, Lq, Lk)
+        return queries[..., :, None] - keys[..., None, :]  # (B, H, Lq, Lk)
 
 
 class CoPE(Scheme):
@@ -77,22 +79,23 @@ class CoPE(Scheme):
     name = "cope"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
+        super().__init__()
         self.table = nn.Parameter(torch.zeros(config.head_dim, config.cope_positions))
 
     def score_bias(
         self,
-        plan: Plan,
+        where: Positions,
+        mask: Mask,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask:
+    ) -> torch.Tensor | Callable:
         root = math.sqrt(q.shape[-1])
         q32, k = q.float(), per_query_head(k, q.shape[1])  # each query head its group's keys
         gates = torch.sigmoid(q32 @ k.float().transpose(-2, -1) / root)  # (B, H, Lq, Lk)
-        if plan.mask is not None:  # the keys a query may not read count nothing
-            gates = gates.masked_fill(~plan.mask, 0.0)
+        if mask.allowed is not None:  # the keys a query may not read count nothing
+            gates = gates.masked_fill(~mask.allowed, 0.0)
         top = self.table.shape[1] - 1
         counted = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=top)  # p_ij
         fixed = q32 @ self.table.float()  # (B, H, Lq, cope_max): q . e[p] at whole p
@@ -100,4 +103,4 @@ class CoPE(Scheme):
         high = counted.ceil().long()
         share = counted - low  # differentiable: the interpolation's weight of e[ceil p]
         bias = fixed.gather(-1, high) * share + fixed.gather(-1, low) * (1 - share)
-        return plan.masked(bias / root)
+        return bias / root

@@ -30,7 +30,7 @@ from torch import nn
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import per_query_head
-from lm.model.plan import AdditiveMask, Plan
+from lm.model.masks import Mask, Positions
 from lm.model.position.base import Scheme
 from lm.model.position.biases import alibi_slopes, kerple_log, positive
 
@@ -45,8 +45,8 @@ class DAPE(Scheme):
     name = "dape"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
-        self.static = config.dape_bias
+        super().__init__()
+        self.heads, self.static = config.n_head, config.dape_bias
         if self.static == "kerple":  # as lm's kerple: U(0, 2) and U(0, 1), kept >= 0.01
             self.r1 = nn.Parameter(torch.rand(config.n_head) * 2)
             self.r2 = nn.Parameter(torch.rand(config.n_head))
@@ -56,30 +56,30 @@ class DAPE(Scheme):
             nn.Linear(2 * config.n_head, WIDTH), nn.GELU(), nn.Linear(WIDTH, config.n_head)
         )
 
-    def static_bias(self, plan: Plan) -> torch.Tensor:
-        """``B`` ``[B|1, H, Lq, Lk]`` in fp32 at the plan's query and key positions."""
-        Lq, Lk = plan.positions.shape[-1], plan.key_positions.shape[-1]
-        head = torch.arange(plan.heads, device=plan.positions.device).view(1, -1, 1, 1)
-        query = plan.positions.view(-1, 1, Lq, 1).float()
-        key = plan.key_positions.view(-1, 1, 1, Lk).float()
+    def static_bias(self, where: Positions) -> torch.Tensor:
+        """``B`` ``[B|1, H, Lq, Lk]`` in fp32 at the query and key positions ``where``."""
+        Lq, Lk = where.queries.shape[-1], where.keys.shape[-1]
+        head = torch.arange(self.heads, device=where.queries.device).view(1, -1, 1, 1)
+        query = where.queries.view(-1, 1, Lq, 1).float()
+        key = where.keys.view(-1, 1, 1, Lk).float()
         if self.static == "kerple":
             return kerple_log(positive(self.r1), positive(self.r2), head, query, key)
         return -self.slopes[head] * (query - key).abs()
 
     def score_bias(
         self,
-        plan: Plan,
+        where: Positions,
+        mask: Mask,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask | None:
+    ) -> torch.Tensor:
         k = per_query_head(k, q.shape[1])  # a query head's group's keys
         scores = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])  # S
-        static = self.static_bias(plan).expand_as(scores)  # B: (B, H, Lq, Lk)
+        static = self.static_bias(where).expand_as(scores)  # B: (B, H, Lq, Lk)
         pairs = torch.cat([scores, static], dim=1).permute(0, 2, 3, 1)  # (B, Lq, Lk, 2H)
         w1, w2 = self.mix[0], self.mix[2]
         hidden = F.gelu(F.linear(pairs, w1.weight.float(), w1.bias.float()))
         adjust = F.linear(hidden, w2.weight.float(), w2.bias.float()).permute(0, 3, 1, 2)
-        bias = (static + adjust).to(plan.dtype)  # B + f([S; B]): the kernel adds S
-        return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
+        return static + adjust  # B + f([S; B]): the kernel adds S and M

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
+from lm.model.masks import Positions
 from lm.model.position.base import PositionOutOfRange, Scheme
 
 
@@ -52,16 +52,16 @@ class Sinusoidal(Scheme):
     name = "sinusoidal"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
+        super().__init__()
         self.d = config.d_model
         self.scale = math.sqrt(self.d) if config.scale_embeddings else 1.0
         self.register_buffer("table", sinusoidal_table(config.position_range, self.d), False)
 
-    def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
+    def embed(self, x: torch.Tensor, where: Positions) -> torch.Tensor:
         table = self.table
-        if plan.position_limit > table.shape[0]:  # past the trained context: computed
-            table = sinusoidal_table(plan.position_limit, self.d, device=table.device)
-        p = table[plan.positions].to(x.dtype)  # (T, d) or (B, T, d)
+        if where.limit > table.shape[0]:  # past the trained context: computed
+            table = sinusoidal_table(where.limit, self.d, device=table.device)
+        p = table[where.queries].to(x.dtype)  # (T, d) or (B, T, d)
         return x * self.scale + p if self.scale != 1.0 else x + p
 
 
@@ -74,10 +74,10 @@ class Learned(nn.Embedding, Scheme):
     def __init__(self, config: ModelConfig, layer: int | None = None):
         nn.Embedding.__init__(self, config.position_range, config.d_model)
 
-    def embed(self, x: torch.Tensor, plan: Plan) -> torch.Tensor:
-        if plan.position_limit > self.num_embeddings:  # known without a device read
+    def embed(self, x: torch.Tensor, where: Positions) -> torch.Tensor:
+        if where.limit > self.num_embeddings:  # known without a device read
             raise PositionOutOfRange(
                 f"learned positions cover 0..{self.num_embeddings - 1}; position "
-                f"{plan.position_limit - 1} has no trained vector (use a shorter context)"
+                f"{where.limit - 1} has no trained vector (use a shorter context)"
             )
-        return x + F.embedding(plan.positions, self.weight)
+        return x + F.embedding(where.queries, self.weight)

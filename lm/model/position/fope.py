@@ -31,7 +31,7 @@ import torch
 
 from lm.config.sections import ModelConfig
 from lm.model.kernels import per_query_head
-from lm.model.plan import Plan
+from lm.model.masks import Positions
 from lm.model.position.base import Scheme
 from lm.model.position.rope import rope_frequencies, rotate_pairs
 
@@ -56,15 +56,13 @@ def fourier_coefficients(heads: int, pairs: int, sigma: float) -> torch.Tensor:
 
 class FoPE(Scheme):
     """FoPE: pair m of every query and key at position n multiplied by the complex number
-    ``sum_w a_hmw e^(i omega_w n)`` of its head ``h`` (module docstring). The waves of the
-    positions are computed once per forward pass; each layer mixes them by its own
-    coefficients."""
+    ``sum_w a_hmw e^(i omega_w n)`` of its head ``h`` (module docstring). Each layer mixes
+    the waves of the positions by its own coefficients."""
 
     name = "fope"
-    shared = True
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__()
         omega = fope_frequencies(config.head_dim, config.rope_base, config.position_range)
         self.register_buffer("omega", omega, persistent=False)
         # A series per key/value head (model.n_kv_head), which the query heads of its group
@@ -72,15 +70,11 @@ class FoPE(Scheme):
         coefficients = fourier_coefficients(config.kv_heads, config.head_dim // 2, SIGMA)
         self.register_buffer("coefficients", coefficients.float())  # saved: drawn, not derived
 
-    def prepare(self, plan: Plan) -> Plan:
-        """cos and sin of ``n omega_w`` ``[..., L, d/2]`` at the plan's positions, float64."""
-        angles = plan.positions.to(torch.float64)[..., None] * self.omega
-        return plan.sharing(FoPE, (torch.cos(angles), torch.sin(angles)))
-
     def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
+        self, q: torch.Tensor, k: torch.Tensor, where: Positions
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = plan.shared_by(FoPE)  # (B|1, L, d/2) or (L, d/2)
+        angles = where.queries.to(torch.float64)[..., None] * self.omega  # n omega_w
+        cos, sin = torch.cos(angles), torch.sin(angles)  # (B|1, L, d/2) or (L, d/2), float64
         if cos.dim() == 2:
             cos, sin = cos[None], sin[None]
         a = self.coefficients.double()  # (H_kv, d/2 pairs m, d/2 frequencies w)

@@ -21,8 +21,7 @@ import math
 import torch
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
-from lm.model.position.rope import RoPE, RopeAngles, rope_frequencies, rotate_pairs
+from lm.model.position.rope import RoPE, RopeAngles, rope_frequencies
 
 
 def hope_kept_pairs(head_dim: int, base: float, context: int) -> int:
@@ -45,13 +44,3 @@ class HoPE(RoPE):
         cos, sin = self.rope.cos_sin(torch.arange(config.position_range))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-
-    def prepare(self, plan: Plan) -> Plan:
-        # RoPE's lookup, kept apart from RoPE's own angles: a model may hold both, per layer
-        return plan.sharing(HoPE, super().prepare(plan).rotation)
-
-    def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = plan.shared_by(HoPE)
-        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)

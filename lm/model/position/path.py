@@ -57,7 +57,7 @@ from lm.config.errors import ConfigError
 from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import per_query_head
-from lm.model.plan import AdditiveMask, Plan
+from lm.model.masks import Mask, Positions
 from lm.model.position.base import Scheme
 
 
@@ -111,7 +111,8 @@ class PaTH(Scheme):
     name = "path"
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
+        super().__init__()
+        self.layer = layer or 0  # its slot in a KV cache
         if config.normalize == "ssmax":
             raise ConfigError(
                 "model.normalize: ssmax scales q.k, and PaTH's scores are not q.k; use softmax"
@@ -128,21 +129,21 @@ class PaTH(Scheme):
 
     def score_bias(
         self,
-        plan: Plan,
+        where: Positions,
+        mask: Mask,
         x: torch.Tensor,
         q: torch.Tensor,
         k: torch.Tensor,
         cache: KVCache | None = None,
-    ) -> AdditiveMask | None:
+    ) -> torch.Tensor:
         w, beta = self.transforms(x)
         start = 0
         if cache is not None:  # every slot's transforms; a slot with no real token: identity
             start = cache.start
-            w = cache.keep(self.layer or 0, "path_w", w)
-            beta = cache.keep(self.layer or 0, "path_beta", beta) * cache.key_mask[:, None]
+            w = cache.keep(self.layer, "path_w", w)
+            beta = cache.keep(self.layer, "path_beta", beta) * cache.key_mask[:, None]
         q32, k32 = q.float(), per_query_head(k, q.shape[1]).float()  # the group's keys
         root = math.sqrt(q.shape[-1])
         form = path_scores if q.shape[-2] == 1 else path_scores_ut  # decoding: the direct one
         scores = form(q32, k32, w, beta, start) / root
-        bias = (scores - q32 @ k32.transpose(-2, -1) / root).to(plan.dtype)  # the kernel adds q.k
-        return bias if plan.mask is None else bias.masked_fill(~plan.mask, float("-inf"))
+        return scores - q32 @ k32.transpose(-2, -1) / root  # the kernel adds q.k and M

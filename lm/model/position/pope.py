@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
+from lm.model.masks import Positions
 from lm.model.position.base import Scheme
 
 
@@ -54,25 +54,19 @@ class PoPE(Scheme):
     wide."""
 
     name = "pope"
-    shared = True
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config)
+        super().__init__()
         self.register_buffer(
             "theta", pope_frequencies(config.head_dim, config.rope_base), persistent=False
         )
         self.offset = nn.Parameter(torch.zeros(config.n_head, config.head_dim))  # delta_hc
 
-    def prepare(self, plan: Plan) -> Plan:
-        """cos and sin of ``position * theta_c`` ``[..., L, d]`` at the queries' positions,
-        computed once per forward pass in float64 for every PoPE layer."""
-        angles = plan.positions.to(torch.float64)[..., None] * self.theta  # (..., L, d)
-        return plan.sharing(PoPE, (torch.cos(angles), torch.sin(angles)))
-
     def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
+        self, q: torch.Tensor, k: torch.Tensor, where: Positions
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = plan.shared_by(PoPE)  # (B|1, L, d) or (L, d), float64
+        angles = where.queries.to(torch.float64)[..., None] * self.theta  # (..., L, d)
+        cos, sin = torch.cos(angles), torch.sin(angles)  # (B|1, L, d) or (L, d), float64
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, L, d): across the heads
         delta = self.offset.double()[:, None, :]  # (H, 1, d)

@@ -7,7 +7,6 @@ into angles; :class:`RoPE` is the scheme."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,9 +15,8 @@ import torch
 from lm.config.errors import ConfigError
 from lm.config.names import XPOS_REACH
 from lm.config.sections import ModelConfig
-from lm.model.plan import Plan
+from lm.model.masks import Positions
 from lm.model.position.base import Scheme
-from lm.model.position.embeddings import frequencies
 
 
 def rope_frequencies(
@@ -27,17 +25,9 @@ def rope_frequencies(
     pairs: int | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The notes' ``theta_i = base^(-2i/d)`` for each of a head's ``head_dim/2`` pairs, float64.
-
-    Partial RoPE (``pairs`` < ``head_dim/2``): the first ``pairs`` pairs rotate, with ``d`` their
-    width ``2 * pairs`` so that their frequencies still span ``1 .. 1/base`` (GPT-NeoX's
-    ``rotary_pct``); the other pairs get frequency 0, so they are never rotated.
-    """
-    d = head_dim if pairs is None else 2 * pairs
-    theta = frequencies(d, base, device)
-    if d < head_dim:
-        theta = torch.cat([theta, theta.new_zeros((head_dim - d) // 2)])
-    return theta
+    """The notes' ``theta_i = base^(-2i/d)`` for each of a head's ``head_dim/2`` pairs, float64;
+    partial RoPE for ``pairs`` < ``head_dim/2`` (:meth:`RopeAngles.frequencies`)."""
+    return RopeAngles(head_dim, base, pairs).frequencies(device)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -76,7 +66,7 @@ def ntk_base(base: float, factor: float, rotated_dim: int) -> float:
 
 
 def yarn_frequencies(
-    theta: torch.Tensor, factor: float, context: int, alpha: float = 1.0, beta: float = 32.0
+    theta: torch.Tensor, factor: float, context: int | None, alpha: float = 1.0, beta: float = 32.0
 ) -> torch.Tensor:
     """YaRN's "NTK-by-parts" frequencies (Peng et al. 2024, "YaRN: Efficient Context Window
     Extension of Large Language Models", section 3.2).
@@ -87,6 +77,8 @@ def yarn_frequencies(
     ``theta_i' = (1 - gamma_i) theta_i / s + gamma_i theta_i``: pairs that turn many times over
     the context are left alone, those that turn less than once are interpolated as PI does.
     """
+    if context is None:
+        raise ValueError("YaRN needs the trained context length")
     turns = context * theta / (2 * math.pi)  # r_i = L / lambda_i; an unrotated pair: 0
     gamma = ((turns - alpha) / (beta - alpha)).clamp(0.0, 1.0)
     return (1 - gamma) * theta / factor + gamma * theta
@@ -116,52 +108,37 @@ class RopeAngles:
     kept: int | None = None
     """p-RoPE: pairs that rotate (the fastest, at their own frequencies); None: all."""
 
-    def __post_init__(self) -> None:
+    def frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``theta_i' = base^(-2i/d)`` of every pair, float64 ``[head_dim/2]`` (PI moves the
+        positions instead). Partial RoPE: the first ``pairs`` pairs, ``d = 2 pairs`` so that they
+        still span ``1 .. 1/base`` (GPT-NeoX's ``rotary_pct``); the other pairs at 0."""
         if self.head_dim % 2:
             raise ValueError(f"RoPE rotates pairs of features; got an odd width {self.head_dim}")
-
-    @classmethod
-    def of(cls, c: ModelConfig) -> RopeAngles:
-        """RoPE's angles as a model config sets them."""
-        pairs = None if c.rope_fraction == 1.0 else c.rope_pairs
-        kept = None if c.rope_p == 1.0 else c.rope_kept_pairs
-        return cls(
-            c.head_dim, c.rope_base, pairs, c.rope_method, c.rope_factor, c.rope_context, kept
-        )
-
-    @property
-    def extended(self) -> bool:
-        return self.method != "none" and self.factor != 1.0
-
-    def frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """``theta_i'`` of every pair, float64 ``[head_dim/2]`` (PI acts on positions instead)."""
         d = self.head_dim if self.pairs is None else 2 * self.pairs
-        base = self.base
-        if self.extended and self.method == "ntk":
-            base = ntk_base(base, self.factor, d)
-        theta = rope_frequencies(self.head_dim, base, self.pairs, device)
+        extended = self.method != "none" and self.factor != 1.0
+        ntk = extended and self.method == "ntk"
+        base = ntk_base(self.base, self.factor, d) if ntk else self.base
+        theta = base ** (-torch.arange(0, d, 2, device=device, dtype=torch.float64) / d)
+        theta = torch.cat([theta, theta.new_zeros((self.head_dim - d) // 2)])  # partial: 0s
         if self.kept is not None:  # p-RoPE: the slowest pairs' frequencies become 0
             theta = torch.cat([theta[: self.kept], theta.new_zeros(len(theta) - self.kept)])
-        if self.extended and self.method == "yarn":
-            if self.context is None:
-                raise ValueError("YaRN needs the trained context length")
+        if extended and self.method == "yarn":
             theta = yarn_frequencies(theta, self.factor, self.context)
         return theta
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the angles ``position * theta_i'``, ``positions.shape + (head_dim/2,)``.
-
-        YaRN's temperature multiplies both, so rotating q and k scales their dot product by it.
-        """
+        """cos and sin of the angles ``position * theta_i'``, ``positions.shape + (head_dim/2,)``,
+        both times YaRN's temperature (so rotating q and k scales their product by it)."""
         theta = self.frequencies(positions.device)
-        scaled = self.extended and self.method == "pi"
+        extended = self.method != "none" and self.factor != 1.0
+        scaled = extended and self.method == "pi"
         where = pi_positions(positions, self.factor) if scaled else positions.to(torch.float64)
         angles = where[..., None] * theta  # (..., L, d_k/2)
         # Angles in float64: position * theta loses digits in float32 at long positions.
         cos, sin = torch.cos(angles), torch.sin(angles)
-        if self.extended and self.method == "yarn":
+        if extended and self.method == "yarn":
             scale = yarn_attention_factor(self.factor)
             cos, sin = cos * scale, sin * scale
         return cos.to(dtype), sin.to(dtype)
@@ -174,28 +151,26 @@ class RoPE(Scheme):
     once, kept as unsaved buffers; longer contexts are computed when asked for."""
 
     name = "rope"
-    shared = True
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
-        super().__init__(config, layer)
-        self.rope = RopeAngles.of(config)
+        super().__init__()
+        c = config  # RoPE's angles as the config sets them
+        pairs = None if c.rope_fraction == 1.0 else c.rope_pairs
+        kept = None if c.rope_p == 1.0 else c.rope_kept_pairs
+        extension = () if c.rope_scaling is None else (c.rope_method, c.rope_factor, c.rope_context)
+        self.rope = RopeAngles(c.head_dim, c.rope_base, pairs, *extension, kept=kept)
         cos, sin = self.rope.cos_sin(torch.arange(config.position_range))  # (C, d_k/2) each
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def prepare(self, plan: Plan) -> Plan:
-        """cos and sin at the plan's positions, looked up once for every layer
-        (``plan.position_limit`` bounds the positions without a device read)."""
-        if plan.position_limit <= self.cos.shape[0]:
-            angles = self.cos[plan.positions], self.sin[plan.positions]
-        else:
-            angles = self.rope.cos_sin(plan.positions)
-        return dataclasses.replace(plan, rotation=angles)
-
     def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
+        self, q: torch.Tensor, k: torch.Tensor, where: Positions
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotate_pairs(q, *plan.rotation), rotate_pairs(k, *plan.rotation)
+        if where.limit <= self.cos.shape[0]:  # the trained positions: looked up
+            cos, sin = self.cos[where.queries], self.sin[where.queries]
+        else:
+            cos, sin = self.rope.cos_sin(where.queries)
+        return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
 
 
 def xpos_decay(head_dim: int, gamma: float = 0.4) -> torch.Tensor:
@@ -211,16 +186,16 @@ def xpos_reach(scale_base: float) -> int:
 
 
 class XPos(RoPE):
-    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554, eq. 11):
-    RoPE whose pair i of a query at position l is also scaled by ``zeta_i^(l/B)`` and of a key at
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554, eq. 11): RoPE
+    whose pair i of a query at position l is also scaled by ``zeta_i^(l/B)`` and of a key at
     position j by ``zeta_i^(-j/B)``, so that their score decays as ``zeta_i^((l - j)/B)`` with
     the distance, the fastest pairs the most (``B = model.xpos_scale_base``, the paper's 512).
-    The scales come with RoPE's angles, as scaled cos and sin, computed in float64 and once per
-    forward pass for every xPos layer. The paper's code centres the positions on the middle of
-    each sequence to keep the factors small; lm keeps them absolute (a key's scale must not
-    change once it is in the KV cache), so its fastest pair's key scale ``zeta_0^(-j/B)`` grows
-    as ``e^(1.25 j/B)`` and leaves fp32's range (3.4e38) near ``j = 70 B``: positions from
-    ``XPOS_REACH`` B on are refused (:func:`xpos_reach`), not computed as inf and nan."""
+    The scales come with RoPE's angles, as scaled cos and sin, computed in float64. The paper's
+    code centres the positions on the middle of each sequence to keep the factors small; lm
+    keeps them absolute (a key's scale must not change once it is in the KV cache), so its
+    fastest pair's key scale ``zeta_0^(-j/B)`` grows as ``e^(1.25 j/B)`` and leaves fp32's range
+    (3.4e38) near ``j = 70 B``: positions from ``XPOS_REACH`` B on are refused
+    (:func:`xpos_reach`), not computed as inf and nan."""
 
     name = "xpos"
 
@@ -235,24 +210,19 @@ class XPos(RoPE):
             )
         self.register_buffer("decay", xpos_decay(config.head_dim), persistent=False)
 
-    def prepare(self, plan: Plan) -> Plan:
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, where: Positions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         reach = xpos_reach(self.scale_base)
-        if plan.position_limit > reach:  # a host int: no device read
+        if where.limit > reach:  # a host int: no device read
             raise ConfigError(
                 f"model.xpos_scale_base: {self.scale_base:g} keeps xPos's scales finite up to "
-                f"position {reach} ({XPOS_REACH} B); this pass reaches {plan.position_limit - 1}"
+                f"position {reach} ({XPOS_REACH} B); this pass reaches {where.limit - 1}"
             )
-        cos, sin = self.rope.cos_sin(plan.positions, torch.float64)  # (..., L, d_k/2)
+        cos, sin = self.rope.cos_sin(where.queries, torch.float64)  # (..., L, d_k/2)
         scale = self.decay.to(cos.device) ** (
-            plan.positions.to(torch.float64)[..., None] / self.scale_base
+            where.queries.to(torch.float64)[..., None] / self.scale_base
         )
-        angles = tuple(
-            t.to(torch.float32) for t in (cos * scale, sin * scale, cos / scale, sin / scale)
-        )
-        return plan.sharing(XPos, angles)
-
-    def rotate(
-        self, q: torch.Tensor, k: torch.Tensor, plan: Plan
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos_q, sin_q, cos_k, sin_k = plan.shared_by(XPos)
+        cos_q, sin_q = (cos * scale).float(), (sin * scale).float()  # zeta^(l/B) on the queries
+        cos_k, sin_k = (cos / scale).float(), (sin / scale).float()  # zeta^(-j/B) on the keys
         return rotate_pairs(q, cos_q, sin_q), rotate_pairs(k, cos_k, sin_k)
