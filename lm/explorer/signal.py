@@ -119,10 +119,11 @@ def _sinusoid_chart(model: TransformerLM, distances: int) -> dict | None:
     if row.place is not Place.EMBEDDINGS or row.table:
         return None
     device = next(model.parameters()).device
-    plan = model.plan(torch.zeros(1, distances, dtype=torch.long, device=device), kernel="math")
+    ids = torch.zeros(1, distances, dtype=torch.long, device=device)
+    where = positions(model.config, ids)  # 0 .. n-1
     with torch.no_grad():
         zeros = torch.zeros(1, distances, model.config.d_model, device=device)
-        p = model.pos_embed.embed(zeros, plan)[0].double()  # (n, d): p_0 .. p_(n-1)
+        p = model.pos_embed.embed(zeros, where)[0].double()  # (n, d): p_0 .. p_(n-1)
     y = p @ p[0]
     return {
         "title": f"{row.name}: the inner product of the position vectors n apart, p_l·p_(l−n)",
