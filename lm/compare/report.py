@@ -25,6 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lm.compare.passkey import (
+    PASSKEY_PICTURE,
+    draw_passkey,
+    is_passkey,
+    passkey_k_max,
+    passkey_section,
+)
 from lm.config.errors import LMError
 from lm.config.load import config_diff, flatten
 from lm.config.names import task_of
@@ -40,8 +47,6 @@ ACCURACY_PICTURE = "accuracy_vs_length.png"
 """Drawn too when the runs trained on a generated task."""
 SPLIT_PICTURE = "errors_by_split.png"
 """Drawn instead for a task asked in splits (flip-flop, counting, selective copy)."""
-PASSKEY_PICTURE = "passkey_grid.png"
-"""Drawn instead for the passkey task: each run's accuracy by length and depth."""
 # Keys that differ between runs without being what they compare; threads too, which lm compare
 # --jobs sets per run (its last run trains alone on every core) and which leaves the numbers.
 NOT_COMPARED = ("model.vocab_size", "train.seed", "train.threads")
@@ -130,7 +135,7 @@ class RunResult:
             "eval_batches": self.eval_batches,
             "rope_scaling": self.rope_scaling,
             "accuracy": self.accuracy,
-            **({"k_max": _k_max(self.accuracy)} if _is_passkey(self.accuracy) else {}),
+            **({"k_max": passkey_k_max(self.accuracy)} if is_passkey(self.accuracy) else {}),
         }
 
 
@@ -326,8 +331,8 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     else:
         plots.loss_vs_context(extrapolation, trained, context)
     tasks = {label: runs for label, runs in groups.items() if runs[0].accuracy is not None}
-    if tasks and _is_passkey(next(iter(tasks.values()))[0].accuracy):
-        _draw_passkey(tasks, out_dir / PASSKEY_PICTURE)
+    if tasks and is_passkey(next(iter(tasks.values()))[0].accuracy):
+        draw_passkey(tasks, out_dir / PASSKEY_PICTURE)
     elif tasks and "split" in next(iter(tasks.values()))[0].accuracy[0]:
         bins = _accuracy_bins([r for runs in tasks.values() for r in runs])
         seeds = {
@@ -504,8 +509,8 @@ def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
     if all(r.accuracy is None for r in results):
         return []
     first = next(r for r in results if r.accuracy is not None)
-    if _is_passkey(first.accuracy):
-        return _passkey_section(results, g)
+    if is_passkey(first.accuracy):
+        return passkey_section(results, g.header, [_cell(label) for label in g.labels])
     examples = first.accuracy[0]["examples"]
     if "split" in first.accuracy[0]:
         data = first.config.data
@@ -538,69 +543,6 @@ def _accuracy_section(results: list[RunResult], g: Any) -> list[str]:
         f"![accuracy against length]({ACCURACY_PICTURE})",
         "",
     ]
-
-
-def _is_passkey(rows: list[dict[str, Any]] | None) -> bool:
-    """Whether accuracy rows are a passkey grid (``lm.evaluate.passkey_accuracy``'s)."""
-    return bool(rows) and "depths" in rows[0]
-
-
-def _k_max(rows: list[dict[str, Any]]) -> int | None:
-    from lm.evaluate import k_max  # here: the report loads no model unless a passkey asks
-
-    return k_max(rows)
-
-
-def _passkey_section(results: list[RunResult], g: Any) -> list[str]:
-    """The passkey runs' section: each run's k_max and its accuracy per length (the mean over
-    depths), and the heatmaps of their grids."""
-    passkey = [(r, label) for r, label in zip(results, g.labels, strict=True) if r.accuracy]
-    lengths = sorted({row["length"] for r, _ in passkey for row in r.accuracy})
-    first = passkey[0][0].accuracy[0]
-    keys, depths = first["depths"][0]["examples"], len(first["depths"])
-    lines = [
-        "## Passkey retrieval by length and depth",
-        "",
-        f"Each run is asked {keys} passkeys per length and depth of the key ({depths} depths "
-        "from the filler's start to its end; `lm.evaluate.passkey_accuracy`, the code behind "
-        "`lm eval`); a key counts only if all 5 digits are the model's likeliest. `k_max` is "
-        "Position Interpolation's: the longest length at which it and every shorter one "
-        "retrieve at least 20% of the keys, over all depths (none: the shortest does not). A "
-        "cell is a length's accuracy over all depths; report.json has every cell.",
-        "",
-        f"| {g.header} | seed | k_max | " + " | ".join(f"@{n}" for n in lengths) + " |",
-        "|---|---:|---:|" + "---:|" * len(lengths),
-    ]
-    for r, label in passkey:
-        found = {row["length"]: row["accuracy"] for row in r.accuracy}
-        cells = [
-            "n/a" if found.get(n) is None else f"{found[n]:.1%}" for n in lengths
-        ]  # n/a: not asked at that length, or out of the model's reach
-        k = _k_max(r.accuracy)
-        lines.append(
-            f"| {_cell(label)} | {r.seed} | {k if k is not None else 'none'} | "
-            + " | ".join(cells)
-            + " |"
-        )
-    return [*lines, "", f"![passkey accuracy by length and depth]({PASSKEY_PICTURE})", ""]
-
-
-def _draw_passkey(tasks: dict[str, list[RunResult]], path: Path) -> None:
-    """Every passkey run's grid, one heatmap each, named by its group and seed."""
-    from lm.compare import plots
-
-    grids, found = {}, {}
-    for label, runs in tasks.items():
-        for r in runs:
-            name = f"{label} seed {r.seed}"
-            cells = [
-                [math.nan if c["accuracy"] is None else c["accuracy"] for c in row["depths"]]
-                for row in r.accuracy
-            ]
-            depths = [c["depth"] for c in r.accuracy[0]["depths"]]
-            grids[name] = ([row["length"] for row in r.accuracy], depths, cells)
-            found[name] = _k_max(r.accuracy)
-    plots.passkey_heatmaps(grids, found, path)
 
 
 def render(
