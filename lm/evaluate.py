@@ -13,7 +13,9 @@ rows say how many windows that was and when none reaches the length (a split sho
 A run trained on a generated task (``builtin:copy``, ``counting``, ``mqar``... see
 :mod:`lm.data.tasks`) is also asked for exact answers at every evaluation length, in each of
 the task's splits (:func:`task_accuracy`): whether it does the task at lengths and settings it
-never saw, which its loss alone does not say.
+never saw, which its loss alone does not say. A passkey run is asked on a grid of lengths, up to
+past its context, by depths of the key (:func:`passkey_accuracy`), and its ``k_max`` is Position
+Interpolation's (Chen et al. 2023, arXiv 2306.15595, section 3.2: :func:`k_max`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from lm.config.errors import FLAGS, LMError
 from lm.config.load import load_config
 from lm.config.names import SPLITS, XPOS_REACH, extends, readers, task_of
 from lm.config.sections import Config, DataConfig, ModelConfig
-from lm.config.values import parse_rope_scaling
+from lm.config.tasks import passkey_lengths
+from lm.config.values import parse_context_lengths, parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
@@ -45,6 +48,8 @@ from lm.runtime.distributed import World, all_reduce_sum
 from lm.sample import generate
 
 EVAL_FILE = "eval.json"
+PASSKEY_SUCCESS = 0.2
+"""PI's k_max counts a length as retrieved when at least this share of its passkeys are."""
 
 
 @torch.no_grad()
@@ -89,40 +94,6 @@ def eval_draws(config: Config, split: str, length: int) -> tuple | None:
     (``model.random_positions_eval``) reads on ``split`` at ``length``: its ``train.seed``, the
     split and the length, so that an evaluation is a function of the run. None: nothing drawn."""
     return (config.train.seed, split, length) if config.model.random_positions_eval else None
-
-
-def parse_context_lengths(text: str) -> list[str]:
-    """``"1x,1.5x,512"`` -> ``["1x", "1.5x", "512"]``: evaluation lengths, each a whole number
-    of tokens (at least 2) or a multiple of the trained context written with an ``x``. A value
-    given twice is kept once. Raises ValueError with a one-line reason."""
-    specs: list[str] = []
-    for item in (v.strip().lower() for v in text.split(",")):
-        if not item:
-            continue
-        if item.endswith("x"):
-            try:
-                multiple = float(item[:-1])
-            except ValueError:
-                multiple = math.nan
-            if not (math.isfinite(multiple) and multiple > 0):
-                raise ValueError(f"{item!r} is not a positive multiple such as 2x or 1.5x")
-            spec = f"{multiple:g}x"
-        else:
-            try:
-                tokens = int(item)
-            except ValueError:
-                raise ValueError(
-                    f"{text!r} is not a comma-separated list of lengths: whole numbers of "
-                    "tokens (e.g. 256) or multiples of the trained context (e.g. 2x, 1.5x)"
-                ) from None
-            if tokens < 2:
-                raise ValueError(f"{item!r}: a length in tokens must be at least 2")
-            spec = str(tokens)
-        if spec not in specs:
-            specs.append(spec)
-    if not specs:
-        raise ValueError(f"{text!r}: no lengths given")
-    return specs
 
 
 def length_specs(lengths: str | int | Sequence[str | int]) -> list[str]:
@@ -302,6 +273,8 @@ def evaluate_run(
         "rows": rows,
         "accuracy": task_accuracy(run, device, batch_size) if is_task(run.config) else None,
     }
+    if task_of(run.config.data.source) == "passkey":
+        result["k_max"] = k_max(result["accuracy"])
     path = eval_path(run_dir, rope_scaling)
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
@@ -349,6 +322,8 @@ def task_accuracy(
     the run's ``train.seed``, the batch's prompts and the pass (``lm.sample.generate``)."""
     data = run.config.data
     task = task_of(data.source)
+    if task == "passkey":
+        return passkey_accuracy(run, device, batch_size)
     trained, lengths = data.task_ranges()
     tok = run.tokenizer
     size = batch_size or run.config.train.eval_batch()
@@ -381,9 +356,110 @@ def task_accuracy(
     return rows
 
 
+@torch.no_grad()
+def passkey_accuracy(
+    run: LoadedRun, device: str = "cpu", batch_size: int | None = None
+) -> list[dict[str, Any]]:
+    """A passkey run's exact-match accuracy on the grid of ``data.passkey_lengths`` (up to past
+    its context) by ``data.passkey_depths`` evenly spaced depths, ``data.task_eval_examples``
+    prompts per cell. One row per length: ``length``, ``accuracy`` (the mean over depths),
+    ``correct``, ``examples``, ``trained``, and ``depths``, a row per depth (``depth`` from 0
+    to 1, ``accuracy``, ``correct``, ``examples``). A length no model of the run can read has
+    accuracy None and a ``note`` (:func:`_out_of_reach`)."""
+    cfg = run.config
+    count, trained = cfg.data.task_eval_examples, cfg.model.context_length
+    n = cfg.data.passkey_depths
+    rows = []
+    for length in passkey_lengths(cfg.data, trained):
+        note = _out_of_reach(cfg.model, length)
+        cells = []
+        for i in range(n):
+            # About the same number of tokens per batch at every length.
+            size = max(1, (batch_size or cfg.train.eval_batch()) * trained // length)
+            correct = None if note else _passkeys_retrieved(run, length, i, size, device)
+            right = None if correct is None else correct / count
+            cells.append(
+                {"depth": i / (n - 1), "accuracy": right, "correct": correct, "examples": count}
+            )
+        row = {"length": length, "accuracy": None, "correct": None, "examples": count * n}
+        if not note:
+            row.update(
+                accuracy=sum(c["accuracy"] for c in cells) / n,
+                correct=sum(c["correct"] for c in cells),
+            )
+        rows.append({**row, "trained": length == trained, "depths": cells})
+        if note:
+            rows[-1]["note"] = note
+    return rows
+
+
+def _passkeys_retrieved(run: LoadedRun, length: int, depth: int, size: int, device: str) -> int:
+    """How many of the cell's prompts (``depth``: the index of its depth) the model answers with
+    all 5 digits of the key. One forward over prompt and answer: the greedy answer is right
+    exactly when every digit is the likeliest after the right ones before it, and the whole
+    prompt is read, however far past the context (``lm.sample.generate`` would keep its last
+    ``model.context_length`` tokens)."""
+    cfg = run.config
+    n = cfg.data.passkey_depths
+    settings = dataclasses.replace(TaskSettings.of(cfg.data), depth=depth / (n - 1))
+    count = cfg.data.task_eval_examples
+    pairs = evaluation_examples("passkey", length, count, cfg.data.seed, settings, depth)
+    ids = torch.tensor([run.tokenizer.encode(p + a) for p, a in pairs], device=device)
+    start = len(pairs[0][0])  # every prompt of a length is as long: the key has 5 digits
+    correct = 0
+    for b in range(0, count, size):
+        key = (cfg.train.seed, "passkey", length, depth, b)
+        seeded = seeded_draws(torch.device(device), *key)
+        with seeded if cfg.model.random_positions_eval else contextlib.nullcontext():
+            logits = run.model(ids[b : b + size])  # (B, length, vocab)
+        said = logits[:, start - 1 : length - 1].argmax(-1)
+        correct += int((said == ids[b : b + size, start:]).all(-1).sum())
+    return correct
+
+
+def k_max(rows: list[dict[str, Any]], success: float = PASSKEY_SUCCESS) -> int | None:
+    """Position Interpolation's k_max over passkey rows (their ``length`` and ``accuracy``,
+    the mean over depths, as PI's keys stand at uniformly drawn depths): the longest length at
+    which it and every shorter one asked retrieve at least ``success`` of their keys; None when
+    the shortest does not. A length with no accuracy (out of reach) ends it too."""
+    longest = None
+    for row in sorted(rows, key=lambda r: r["length"]):
+        if row["accuracy"] is None or row["accuracy"] < success:
+            break
+        longest = row["length"]
+    return longest
+
+
+def format_passkey(rows: list[dict[str, Any]]) -> str:
+    """A passkey grid as a Markdown table (rows lengths, columns depths, then their mean) and
+    its k_max."""
+    depths = [c["depth"] for c in rows[0]["depths"]]
+    lines = [
+        "| length | " + " | ".join(f"depth {d:.0%}" for d in depths) + " | mean | trained |",
+        "|---:|" + "---:|" * (len(depths) + 1) + ":---:|",
+    ]
+    for r in rows:
+        cells = ["n/a" if c["accuracy"] is None else f"{c['accuracy']:.0%}" for c in r["depths"]]
+        mean = "n/a" if r["accuracy"] is None else f"{r['accuracy']:.1%}"
+        mark = "yes" if r["trained"] else ""
+        lines.append(f"| {r['length']} | {' | '.join(cells)} | {mean} | {mark} |")
+    notes = [f"{r['length']}: {r['note']}" for r in rows if r.get("note")]
+    found = k_max(rows)
+    lines += [
+        "",
+        f"k_max: {found if found is not None else 'none'} (the longest length at which it and "
+        f"every shorter one retrieve at least {PASSKEY_SUCCESS:.0%} of the keys, over all "
+        f"depths; {rows[0]['examples'] // len(depths)} keys per cell)",
+        *notes,
+    ]
+    return "\n".join(lines)
+
+
 def format_accuracy(rows: list[dict[str, Any]]) -> str:
     """A task's accuracy rows as a Markdown table; trained lengths marked (and a split task's
-    splits named)."""
+    splits named; a passkey grid by :func:`format_passkey`)."""
+    if "depths" in rows[0]:
+        return format_passkey(rows)
     split = "split" in rows[0]
     head = "| split " if split else ""
     lines = [

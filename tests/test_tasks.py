@@ -200,7 +200,7 @@ def test_accuracy_counts_an_answer_only_when_every_token_and_its_end_are_right(
     tok = run.tokenizer
     answers = {}
 
-    def oracle(model, prompts, max_new_tokens, pad_id, eod_id):
+    def oracle(model, prompts, max_new_tokens, pad_id, eod_id, seed=None):
         out = []
         for p in prompts:
             answer = tok.encode(answers[tuple(p)])

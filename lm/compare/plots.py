@@ -1,5 +1,6 @@
-"""Pictures for comparing position schemes: loss curves, loss against context length, attention
-maps, the sinusoid table and the attention score by query-key offset.
+"""Pictures for comparing position schemes: loss curves, loss against context length, task
+accuracy, passkey grids, attention maps, the sinusoid table and the attention score by
+query-key offset.
 
 A leaf: every function draws plain numbers it is handed (numpy arrays, lists) into a PNG and
 knows nothing of runs or models. Figures are built as ``matplotlib.figure.Figure`` objects, never
@@ -206,6 +207,41 @@ def accuracy_by_split_figure(curves: dict[str, list[list[float]]], splits: Seque
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3, axis="y")
     _figure_legend(fig, [ax])
+    return fig
+
+
+Grid = tuple[Sequence[int], Sequence[float], Sequence[Sequence[float]]]
+"""A passkey run's grid: its lengths, its depths (0 to 1) and the accuracy of each (length, depth)
+cell, a row per length (NaN where none was measured)."""
+
+
+def passkey_heatmaps(grids: dict[str, Grid], k_max: dict[str, int | None], path) -> Path:
+    """One heatmap per run of passkey accuracy, lengths down and depths across (Position
+    Interpolation's and Landmark attention's passkey grid), each cell its accuracy written in;
+    the title gives the run's k_max."""
+    return _save(passkey_heatmaps_figure(grids, k_max), path)
+
+
+def passkey_heatmaps_figure(grids: dict[str, Grid], k_max: dict[str, int | None]) -> Figure:
+    columns = min(3, len(grids))
+    rows = -(-len(grids) // columns)
+    fig = Figure(figsize=(4.2 * columns, 3.6 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns)).ravel()
+    for ax, (label, (lengths, depths, cells)) in zip(axes, grids.items(), strict=False):
+        grid = np.array(cells, dtype=float)  # (lengths, depths)
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(grid):
+            text = "n/a" if math.isnan(value) else f"{value:.0%}"
+            colour = "black" if not math.isnan(value) and value > 0.6 else "white"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
+        ax.set_xticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_yticks(range(len(lengths)), [str(n) for n in lengths])
+        found = k_max.get(label)
+        ax.set(xlabel="depth of the key", ylabel="length (characters)")
+        ax.set_title(f"{label}\nk_max {found if found is not None else 'none'}", fontsize=9)
+    for ax in axes[len(grids) :]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes[: len(grids)].tolist(), label="exact match of the 5 digits")
     return fig
 
 

@@ -25,6 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lm.compare.passkey import (
+    PASSKEY_PICTURE,
+    draw_passkey,
+    is_passkey,
+    passkey_k_max,
+    passkey_section,
+)
 from lm.config.errors import LMError
 from lm.config.load import config_diff, flatten
 from lm.config.names import task_of
@@ -128,6 +135,7 @@ class RunResult:
             "eval_batches": self.eval_batches,
             "rope_scaling": self.rope_scaling,
             "accuracy": self.accuracy,
+            **({"k_max": passkey_k_max(self.accuracy)} if is_passkey(self.accuracy) else {}),
         }
 
 
@@ -323,7 +331,9 @@ def _draw(grouping: _Grouping, out_dir: Path) -> None:
     else:
         plots.loss_vs_context(extrapolation, trained, context)
     tasks = {label: runs for label, runs in groups.items() if runs[0].accuracy is not None}
-    if tasks and "split" in next(iter(tasks.values()))[0].accuracy[0]:
+    if tasks and is_passkey(next(iter(tasks.values()))[0].accuracy):
+        draw_passkey(tasks, out_dir / PASSKEY_PICTURE)
+    elif tasks and "split" in next(iter(tasks.values()))[0].accuracy[0]:
         bins = _accuracy_bins([r for runs in tasks.values() for r in runs])
         seeds = {
             label: [[_mean_accuracy(r, keys, math.nan) for _, keys in bins] for r in runs]
@@ -493,6 +503,8 @@ def _accuracy_section(results: list[RunResult], g: _Grouping) -> list[str]:
     if all(r.accuracy is None for r in results):
         return []
     first = next(r for r in results if r.accuracy is not None)
+    if is_passkey(first.accuracy):
+        return passkey_section(results, g.header, [_cell(label) for label in g.labels])
     examples = first.accuracy[0]["examples"]
     if "split" in first.accuracy[0]:
         data = first.config.data

@@ -195,6 +195,7 @@ TASKS = (
     "mqar",
     "indexing",
     "parity",
+    "passkey",
 )
 """The generated tasks (``lm.data.tasks``); new ones go last (an index seeds a task's draws)."""
 
@@ -239,6 +240,8 @@ def task_tokens(task: str, length: int, hints: bool = False) -> int:
         return length + len("|a+25=") + 1 + 1  # letters, the query, the answer, <eod>
     if task == "parity":
         return length + 1 + 1 + 1
+    if task == "passkey":
+        return length + 1  # length counts the characters of the prompt and the answer
     return (length + 1) + length + 1  # copy, reverse, selective copy
 
 

@@ -26,8 +26,9 @@ from lm.config.names import (
     SPLIT_BY,
     VAL_SPLITS,
     SchemeRow,
+    task_of,
 )
-from lm.config.tasks import check_task, check_task_fits
+from lm.config.tasks import at_context, check_task, check_task_fits
 from lm.config.values import parse_task_lengths, shown, value_text
 
 
@@ -235,7 +236,7 @@ class DataConfig:
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
     a generated task: builtin:copy | reverse | addition | flipflop | counting | selective_copy |
-    mqar | indexing | parity (lm/data/tasks.py, docs/tasks.md)."""
+    mqar | indexing | parity | passkey (lm/data/tasks.py, docs/tasks.md)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -284,6 +285,12 @@ class DataConfig:
     al. 2023/2024); a number then has at most 26 digits."""
     addition_reversed: bool = False
     """builtin:addition: numbers and sums written least significant digit first (Zhou et al.)."""
+    passkey_lengths: str = "1x,1.5x,2x,3x,4x,6x,8x"
+    """builtin:passkey: the total lengths its accuracy is measured at, multiples of the trained
+    context (2x) or characters (512); it trains at the context (data.task_lengths left unset)."""
+    passkey_depths: int = 5
+    """builtin:passkey: depths of the key measured at, evenly spaced from the filler's start (0%)
+    to its end (100%); 5: 0, 25, 50, 75 and 100%."""
     num_proc: int | None = None
     """Processes for tokenizing; default: one below 2 MB of text, else the CPU count (at most 8)."""
     cache_dir: str | None = None
@@ -320,11 +327,12 @@ class DataConfig:
         check_task(self, DataConfig.__dataclass_fields__)
 
     def task_ranges(self) -> tuple[range, range]:
-        """A task's training and evaluation lengths."""
-        return (
-            parse_task_lengths(self.task_lengths, "data.task_lengths"),
-            parse_task_lengths(self.task_eval_lengths, "data.task_eval_lengths"),
-        )
+        """A task's training and evaluation lengths; the passkey task's are both its trained
+        length (its accuracy is measured at ``passkey_lengths``, ``lm.config.tasks``)."""
+        trained = parse_task_lengths(self.task_lengths, "data.task_lengths")
+        if task_of(self.source) == "passkey":
+            return trained, trained
+        return trained, parse_task_lengths(self.task_eval_lengths, "data.task_eval_lengths")
 
 
 @dataclass(frozen=True)
@@ -494,6 +502,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        # The passkey task trains at the context: its data section learns it here.
+        object.__setattr__(self, "data", at_context(self.data, self.model.context_length))
         check_task_fits(self.data, self.model.context_length)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

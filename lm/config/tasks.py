@@ -1,14 +1,19 @@
 """A generated task's settings checked at load (``DataConfig`` and ``Config`` call these): its
 own keys set for it only, each within range, lengths it can be written at, and examples that
-fit the context. ``data`` is a ``DataConfig`` (not imported: sections.py imports this)."""
+fit the context. ``data`` is a ``DataConfig`` (not imported: sections.py imports this).
+
+The passkey task trains at the context (:func:`at_context`) and is measured at lengths beyond
+it (:func:`passkey_lengths`), as Position Interpolation (Chen et al. 2023, arXiv 2306.15595,
+section 3.2) measures its models."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from lm.config.errors import ConfigError
 from lm.config.names import HINTS, LETTER_TASKS, TASKS, task_of, task_tokens
-from lm.config.values import shown
+from lm.config.values import parse_context_lengths, parse_task_lengths, shown
 
 TASK_OWN_KEYS = {
     "flipflop_ignore": "flipflop",
@@ -16,10 +21,16 @@ TASK_OWN_KEYS = {
     "selective_copy_density": "selective_copy",
     "addition_hints": "addition",
     "addition_reversed": "addition",
+    "passkey_lengths": "passkey",
+    "passkey_depths": "passkey",
 }
 """Settings of one generated task each: set for another source, they are an error."""
 
 TASK_KEYS = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+
+PASSKEY_SHORTEST = len("The pass key is 12345. ") + len("What is the pass key? ") + 5
+"""Characters of a passkey example with no filler: the key sentence, the question and the
+answer (``lm.data.tasks.passkey``; tests/test_passkey.py holds the two to each other)."""
 
 
 def check_task(data: Any, fields: dict[str, Any]) -> None:
@@ -36,6 +47,8 @@ def check_task(data: Any, fields: dict[str, Any]) -> None:
                 raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
         return
     _check_settings(data)
+    if task == "passkey":
+        _check_passkey(data, fields)
     if data.task_eval_examples <= 0:
         raise ConfigError(
             f"data.task_eval_examples: must be > 0, got {shown(data.task_eval_examples)}"
@@ -65,6 +78,63 @@ def _check_settings(data: Any) -> None:
             "data.selective_copy_density: must be in (0, 1] (the share of positions to "
             f"copy), got {data.selective_copy_density!r}"
         )
+
+
+def _check_passkey(data: Any, fields: dict[str, Any]) -> None:
+    """The passkey task's own keys; its lengths are characters, so one character a token."""
+    if data.tokenizer not in ("char", "byte"):
+        raise ConfigError(
+            f"data.tokenizer: {data.tokenizer} with builtin:passkey, whose lengths are "
+            "characters; use char or byte"
+        )
+    if data.task_eval_lengths != fields["task_eval_lengths"].default:
+        raise ConfigError(
+            "data.task_eval_lengths: builtin:passkey is measured at data.passkey_lengths "
+            "(multiples of the context such as 2x, or characters)"
+        )
+    trained = parse_task_lengths(data.task_lengths, "data.task_lengths")
+    if data.task_lengths != fields["task_lengths"].default and len(trained) > 1:
+        raise ConfigError(
+            f"data.task_lengths: {data.task_lengths!r}; builtin:passkey trains at one length, "
+            "the context (leave it unset)"
+        )
+    if isinstance(data.passkey_depths, bool) or not isinstance(data.passkey_depths, int):
+        raise ConfigError(f"data.passkey_depths: {shown(data.passkey_depths)} is not an integer")
+    if data.passkey_depths < 2:
+        raise ConfigError(
+            f"data.passkey_depths: {data.passkey_depths}; at least 2 (the filler's start and end)"
+        )
+    try:
+        parse_context_lengths(str(data.passkey_lengths))
+    except ValueError as e:
+        raise ConfigError(f"data.passkey_lengths: {e}") from None
+
+
+def at_context(data: Any, context_length: int) -> Any:
+    """``data`` with the passkey task's training length, left unset, made the context: its
+    examples fill the context, as the papers' fine-tuning documents do. Other data as it is."""
+    if task_of(data.source) != "passkey":
+        return data
+    if context_length < PASSKEY_SHORTEST:
+        raise ConfigError(
+            f"model.context_length: {context_length} with builtin:passkey, which trains at the "
+            f"context; the key sentence, the question and the answer take {PASSKEY_SHORTEST} "
+            f"characters: at least {PASSKEY_SHORTEST}"
+        )
+    default = type(data).__dataclass_fields__["task_lengths"].default
+    if data.task_lengths != default:
+        return data
+    return dataclasses.replace(data, task_lengths=context_length)
+
+
+def passkey_lengths(data: Any, context_length: int) -> list[int]:
+    """The passkey task's evaluation lengths in characters, ``data.passkey_lengths`` resolved
+    against the trained context (``2x`` -> twice it), shortest first, each once."""
+    lengths = set()
+    for spec in parse_context_lengths(str(data.passkey_lengths)):
+        multiple = spec.endswith("x")
+        lengths.add(round(float(spec[:-1]) * context_length) if multiple else int(spec))
+    return sorted(lengths)
 
 
 def _check_lengths(data: Any, task: str, key: str, lengths: range) -> None:
@@ -100,6 +170,9 @@ def check_task_fits(data: Any, context_length: int) -> None:
     task = task_of(data.source)
     if task is None:
         return
+    if task == "passkey":
+        _passkey_fits(data, context_length)
+        return
     for key, lengths in zip(TASK_KEYS[:2], data.task_ranges(), strict=True):
         longest = task_tokens(task, lengths[-1], data.addition_hints)
         if longest - 1 > context_length:
@@ -108,3 +181,21 @@ def check_task_fits(data: Any, context_length: int) -> None:
                 f"tokens with <eod>, more than model.context_length={context_length} + 1; "
                 "raise the context or shorten the lengths"
             )
+
+
+def _passkey_fits(data: Any, context_length: int) -> None:
+    """The passkey task trains at the context, and every evaluation length holds the key
+    sentence and the question (a longer one than the context is the point: no fit asked)."""
+    trained = parse_task_lengths(data.task_lengths, "data.task_lengths")
+    if list(trained) != [context_length]:
+        raise ConfigError(
+            f"data.task_lengths: {data.task_lengths!r}; builtin:passkey trains at the context, "
+            f"model.context_length={context_length} (leave it unset)"
+        )
+    shortest = passkey_lengths(data, context_length)[0]
+    if shortest < PASSKEY_SHORTEST:
+        raise ConfigError(
+            f"data.passkey_lengths: {data.passkey_lengths!r} asks at {shortest} characters, "
+            f"and the key sentence, the question and the answer take {PASSKEY_SHORTEST}: "
+            f"at least {PASSKEY_SHORTEST}"
+        )

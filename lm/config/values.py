@@ -1,6 +1,7 @@
 """How a config value is written and read back as text: lists and nulls as YAML writes them
-inline, comma-separated sweep values, RoPE's context extensions (``pi:4``) and a task's lengths
-(``1-20``). Each parser names the key in its one-line error."""
+inline, comma-separated sweep values, RoPE's context extensions (``pi:4``), a task's lengths
+(``1-20``) and evaluation lengths (``1x,2x,512``). Each parser names the key in its one-line
+error."""
 
 from __future__ import annotations
 
@@ -188,3 +189,37 @@ def checked_text(text: Any, where: str) -> str:
             f"{where}: not valid UTF-8 text (byte {raw!r} at character {e.start})"
         ) from None
     return text
+
+
+def parse_context_lengths(text: str) -> list[str]:
+    """``"1x,1.5x,512"`` -> ``["1x", "1.5x", "512"]``: evaluation lengths, each a whole number
+    of tokens (at least 2) or a multiple of the trained context written with an ``x``. A value
+    given twice is kept once. Raises ValueError with a one-line reason."""
+    specs: list[str] = []
+    for item in (v.strip().lower() for v in text.split(",")):
+        if not item:
+            continue
+        if item.endswith("x"):
+            try:
+                multiple = float(item[:-1])
+            except ValueError:
+                multiple = math.nan
+            if not (math.isfinite(multiple) and multiple > 0):
+                raise ValueError(f"{item!r} is not a positive multiple such as 2x or 1.5x")
+            spec = f"{multiple:g}x"
+        else:
+            try:
+                tokens = int(item)
+            except ValueError:
+                raise ValueError(
+                    f"{text!r} is not a comma-separated list of lengths: whole numbers of "
+                    "tokens (e.g. 256) or multiples of the trained context (e.g. 2x, 1.5x)"
+                ) from None
+            if tokens < 2:
+                raise ValueError(f"{item!r}: a length in tokens must be at least 2")
+            spec = str(tokens)
+        if spec not in specs:
+            specs.append(spec)
+    if not specs:
+        raise ValueError(f"{text!r}: no lengths given")
+    return specs

@@ -15,6 +15,10 @@
   and 'Where' With Polar Coordinate Positional Embeddings", arXiv 2509.10534 (:func:`_indexing`).
 - ``builtin:parity``: parity check, Delétang et al. 2023, "Neural Networks and the Chomsky
   Hierarchy", and Ruoss et al. 2023 (:func:`_parity`).
+- ``builtin:passkey``: passkey retrieval, Mohtashami & Jaggi 2023, "Landmark Attention:
+  Random-Access Infinite Context Length for Transformers", arXiv 2305.16300, and Chen et al.
+  2023, "Extending Context Window of Large Language Models via Positional Interpolation", arXiv
+  2306.15595 (:func:`_passkey`). Its length is the whole example's, in characters.
 
 An example is a prompt ending in ``=`` and its answer, one document: ``cabd=cabd`` (copy),
 ``cabd=dbac`` (reverse), ``384+529=913`` (addition). Its length is one number that grows with
@@ -50,6 +54,7 @@ import numpy as np
 
 from lm.config.names import HINTS, TASKS
 from lm.config.sections import DataConfig
+from lm.config.tasks import PASSKEY_SHORTEST
 
 SYMBOLS = "abcdefghij"
 DIGITS = "0123456789"
@@ -78,6 +83,17 @@ MQAR_SLOTS = 3
 = 24 slots for the 8 queries."""
 MQAR_POWER = 0.01
 """The power law of a query's slot, p(i) proportional to i^(a - 1) (Zoology's ``power_a``)."""
+PASSKEY_FILLER = (
+    "The grass is green. ",
+    "The sky is blue. ",
+    "The sun is yellow. ",
+    "Here we go. ",
+    "There and back again. ",
+)
+"""The filler sentences of Landmark attention's and Position Interpolation's passkey prompts,
+repeated in this order."""
+PASSKEY_KEY = "The pass key is {key}. "
+PASSKEY_QUESTION = "What is the pass key? "
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,9 @@ class TaskSettings:
     """addition: each digit preceded by its index hint."""
     reversed: bool = False
     """addition: numbers written least significant digit first."""
+    depth: float | None = None
+    """passkey: where the key sentence stands in the filler, 0 (its start) to 1 (its end);
+    None: drawn uniformly, as in training."""
 
     @classmethod
     def of(cls, data: DataConfig) -> TaskSettings:
@@ -157,6 +176,7 @@ def alphabet(task: str, settings: TaskSettings) -> str:
         "mqar": LETTERS + DIGITS + BLANK,
         "indexing": LETTERS + DIGITS + "|+-",
         "parity": "01",
+        "passkey": "".join(PASSKEY_FILLER) + PASSKEY_KEY + PASSKEY_QUESTION + DIGITS,
     }[task]
     return "".join(sorted(set(letters + SEPARATOR)))
 
@@ -322,6 +342,33 @@ def _parity(length: int, rng: np.random.Generator, settings: TaskSettings) -> tu
     return "".join(DIGITS[b] for b in bits) + SEPARATOR, str(int(bits.sum()) % 2)
 
 
+def _passkey(length: int, rng: np.random.Generator, settings: TaskSettings) -> tuple[str, str]:
+    """``length`` characters: filler with the key sentence at a depth, the question, the key.
+
+    Landmark attention's and PI's prompt, scaled down to a character model's context: their
+    five filler sentences repeated, ``The pass key is 71432. `` (theirs goes on ``Remember it.
+    71432 is the pass key.``) and ``What is the pass key? `` (theirs: ``... The pass key is``),
+    then the answer ``71432``, a key of 5 digits (10000-99999). The filler is a window of the
+    sentences repeated: the key sentence follows a whole sentence, drawn among the five, and
+    the window is cut where the length ends it, so the filler may start and end inside a
+    sentence. The key stands ``round(depth * F)`` characters into the F characters of filler
+    (``settings.depth``; drawn uniformly from 0 to F when None)."""
+    filler = length - PASSKEY_SHORTEST
+    if filler < 0:
+        raise ValueError(f"a passkey example needs {PASSKEY_SHORTEST} characters, not {length}")
+    key = str(int(rng.integers(10000, 100000)))
+    depth = settings.depth
+    before = round(depth * filler) if depth is not None else int(rng.integers(0, filler + 1))
+    cycle = "".join(PASSKEY_FILLER)
+    starts = np.cumsum([0, *map(len, PASSKEY_FILLER[:-1])])
+    after = int(starts[rng.integers(len(starts))])  # where the sentence after the key begins
+    start = (after - before) % len(cycle)
+    text = cycle * ((start + filler) // len(cycle) + 1)
+    window = text[start : start + filler]
+    key_sentence = PASSKEY_KEY.format(key=key)
+    return window[:before] + key_sentence + window[before:] + PASSKEY_QUESTION, key
+
+
 GENERATORS = {
     "flipflop": _flipflop,
     "addition": _addition,
@@ -330,6 +377,7 @@ GENERATORS = {
     "mqar": _mqar,
     "indexing": _indexing,
     "parity": _parity,
+    "passkey": _passkey,
 }
 
 
