@@ -103,6 +103,10 @@ class ModelChecks:
         """The block's norm, MLP and key/value heads."""
         choice("model", "norm", self.norm, NORMS)
         choice("model", "mlp", self.mlp, MLPS)
+        if self.mlp == "none" and self.d_ff is not None:
+            raise ConfigError(
+                f"model.d_ff: {self.d_ff} sets the width of an MLP, and model.mlp: none has none"
+            )
         if self.n_kv_head is None:
             return
         if self.n_kv_head < 1 or self.n_kv_head > self.n_head:

@@ -168,9 +168,9 @@ NORMS = ("layernorm", "rmsnorm")
 """``model.norm``: the block's normalization layers (``lm.model.transformer``; RMSNorm in
 ``lm.model.rmsnorm``): LayerNorm (GPT-2) or RMSNorm (Llama)."""
 
-MLPS = ("gelu", "swiglu", "relu2")
+MLPS = ("gelu", "swiglu", "relu2", "none")
 """``model.mlp``: the block's token-wise network (``lm.model.transformer``): GELU (GPT-2), SwiGLU
-(Llama) or squared ReLU (Primer, nanochat)."""
+(Llama), squared ReLU (Primer, nanochat), or none: an attention-only block (Elhage et al. 2021)."""
 
 KERNELS = ("sdpa", "flex", "math", "auto")
 """``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``); ``auto``: the

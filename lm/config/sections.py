@@ -59,11 +59,16 @@ class ModelConfig(ModelChecks):
     rmsnorm (x / sqrt(mean(x^2) + eps) * g, no mean and no bias; Zhang & Sennrich 2019)."""
     mlp: str = "gelu"
     """The token-wise MLP: gelu (W_2 GELU(W_1 x), GPT-2) | swiglu (W_2 (SiLU(W_1 x) * W_3 x),
-    Shazeer 2020, Llama) | relu2 (W_2 ReLU(W_1 x)^2, So et al. 2021, nanochat)."""
+    Shazeer 2020, Llama) | relu2 (W_2 ReLU(W_1 x)^2, So et al. 2021, nanochat) | none (no MLP
+    and no second norm: an attention-only block, x + Attn(LN(x)); Elhage et al. 2021)."""
     qk_norm: bool = False
     """RMSNorm over each head's query and key, q / sqrt(mean(q^2) + eps) * g_q (k alike), with a
     learned gain per feature of a head, before any rotation or score bias (Qwen3, OLMo 2;
     Henry et al. 2020, Dehghani et al. 2023)."""
+    smear_keys: bool = False
+    """Smeared keys (Olsson et al. 2022): each key head h mixes every key with its document's
+    previous token's key, k'_t = sigmoid(a_h) k_t + (1 - sigmoid(a_h)) k_(t-1), a_h learned from
+    0; before any rotation; a document's first token keeps its own key (docs/block.md)."""
     position: str | list[str] = "rope"
     """Position scheme, one of "Position schemes" below (their rows in lm/config/names.py); or
     one per layer, [rope, rope, rope, none], a list ending in ... repeating over the layers ([rope,

@@ -65,6 +65,7 @@ class MultiHeadAttention(nn.Module):
         self.rotates = scheme.place is Place.QUERIES_AND_KEYS  # its hook: rotate
         self.biases = scheme.place is Place.SCORES  # its hook: score_bias
         self.ssmax = SSMax(config) if config.normalize == "ssmax" else None  # None: softmax alone
+        self.smear = SmearKeys(config, layer) if config.smear_keys else None
 
     def forward(self, x: torch.Tensor, where: Positions, mask: Mask, cache=None, weights=False):
         """Self-attention of ``x [B, T, d]``, its tokens at ``where``, reading the keys ``mask``
@@ -72,6 +73,8 @@ class MultiHeadAttention(nn.Module):
         tokens; with ``weights``, also ``(S + B + M, A)`` (:func:`attend`)."""
         q, k, v = self.project(x)  # (B, H, T, d_k), k and v (B, H_kv, T, d_k)
         q, k = (self.q_norm(q), self.k_norm(k)) if self.qk_norm else (q, k)  # QK-norm: first
+        if self.smear is not None:  # each key mixed with its previous token's, then rotated
+            k = self.smear(k, where.previous, cache)
         if self.rotates:
             q, k = self.position.rotate(q, k, where)
         if cache is not None:  # every slot's keys and values, (B, H_kv, capacity, d_k)
@@ -88,6 +91,30 @@ class MultiHeadAttention(nn.Module):
         """``Q, K, V = X W_Q^T, X W_K^T, X W_V^T`` in one matmul: ``[B, H|H_kv|H_kv, T, d_k]``."""
         qkv = self.qkv(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, H+2H_kv, T, d_k)
         return qkv.split([self.n_head, self.kv_heads, self.kv_heads], dim=1)
+
+
+class SmearKeys(nn.Module):
+    """Smeared keys (Olsson et al. 2022, "In-context Learning and Induction Heads", the smeared
+    key architecture): key head h mixes each key with its previous token's by a learned gate,
+    ``k'_t = sigmoid(a_h) k_t + (1 - sigmoid(a_h)) k_(t-1)``, so that one layer can match a
+    query against the token before a key (an induction head without a previous-token head).
+    ``a_h`` starts at 0: an even mix, where the gate's slope is steepest. The previous token is
+    the previous real token of the key's document; a document's first token has none and keeps
+    its own key (``Positions.previous``)."""
+
+    def __init__(self, config: ModelConfig, layer: int = 0):
+        super().__init__()
+        self.layer = layer
+        self.gate = nn.Parameter(torch.zeros(config.kv_heads))  # a_h, one per key head
+
+    def forward(self, k: torch.Tensor, previous: torch.Tensor, cache=None) -> torch.Tensor:
+        """``k [B, H_kv, T, d_k]`` smeared; ``previous [B|1, T]`` indexes this pass's keys, -1
+        the last one ``cache`` kept of an earlier pass."""
+        keys = k if cache is None else cache.with_last_key(self.layer, k)  # (B, H_kv, 1+T, d_k)
+        index = previous if cache is None else previous + 1
+        before = keys.gather(2, index.view(-1, 1, k.shape[2], 1).expand_as(k))
+        g = torch.sigmoid(self.gate).to(k.dtype).view(-1, 1, 1)  # (H_kv, 1, 1)
+        return g * k + (1 - g) * before
 
 
 def attend(q, k, v, mask: Mask, B=None, dropout: float = 0.0, weights: bool = False):

@@ -47,6 +47,7 @@ class KVCache:
         self._new = self._slot[:0]  # the slots of the current pass
         self._sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # see cumulative
         self._kept: dict[tuple[int, str], torch.Tensor] = {}  # see keep
+        self._last: dict[int, torch.Tensor] = {}  # see with_last_key
 
     def extend(self, new_mask: torch.Tensor) -> torch.Tensor:
         """Give T new tokens (``new_mask [B, T]``, True = real) the next T slots; their
@@ -107,3 +108,17 @@ class KVCache:
         slots = self._kept[(layer, name)]
         slots.index_copy_(2, self._new, values)
         return slots
+
+    def with_last_key(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """Smeared keys' memory of one layer: ``k [B, H_kv, T, d_k]``, this pass's keys before
+        smearing, after each row's last real key of the earlier passes (zeros before any):
+        ``[B, H_kv, 1 + T, d_k]``. Each row's last real key of this pass is kept for the next;
+        only that one key per row and head, not every slot's."""
+        if layer not in self._last:
+            self._last[layer] = self.v.new_zeros(*k.shape[:2], 1, k.shape[-1])
+        kept = self._last[layer]
+        keys = torch.cat([kept.to(k.dtype), k], dim=2)
+        real = self.key_mask.index_select(1, self._new)  # (B, T): this pass's real tokens
+        last = (real * torch.arange(1, real.shape[1] + 1, device=real.device)).amax(dim=1)
+        kept.copy_(keys.gather(2, last.view(-1, 1, 1, 1).expand_as(kept)))  # 0: the kept one
+        return keys

@@ -182,6 +182,10 @@ class Positions:
     counted: tuple[torch.Tensor, torch.Tensor]
     """Queries' and keys' real tokens counted from 0, which a window measures: ``queries`` and
     ``keys`` unless those were drawn at random."""
+    previous: torch.Tensor | None = None
+    """With ``model.smear_keys``: each token's previous real token of its document, an index into
+    this pass's tokens ``[B|1, Lq]`` (-1: the last key a KV cache kept from an earlier pass; its
+    own index where there is none: :func:`previous_tokens`)."""
     biases: dict[type, Any] = field(default_factory=dict)
     """The score bias ``B`` of each scheme whose layers share one (ALiBi's, T5's), by its class:
     made once by the model from these positions (``ScoreBias.bias``) before any layer reads it."""
@@ -224,7 +228,23 @@ def positions(
     if drawn and cache is None and config.random_positions is not None:  # Ruoss et al.
         limit = config.random_positions
         queries = keys = random_positions(B, T, limit, key_mask, segments, device)
-    return Positions(queries, keys, limit, B, counted)
+    previous = previous_tokens(counted[0], key_mask, segments) if config.smear_keys else None
+    return Positions(queries, keys, limit, B, counted, previous)
+
+
+def previous_tokens(counted: torch.Tensor, key_mask=None, segments=None) -> torch.Tensor:
+    """Each token's previous real token in its document (smeared keys read its key), ``[B|1,
+    T]``: an index into these T tokens; -1 where it came in an earlier pass (a KV cache keeps its
+    key); the token's own index where it has none (its document's, or its row's, first token).
+    ``counted`` ``[B|1, T]``: the real tokens before each in its document, as positions count
+    them (a packed row's documents by ``segments`` alone, as positions do)."""
+    T, device = counted.shape[-1], counted.device
+    index = torch.arange(T, device=device)
+    before = index - 1  # packed documents have no pads: the token before
+    if key_mask is not None and segments is None:  # the last real token before, past any pads
+        last = torch.where(key_mask, index, -1).cummax(dim=1).values
+        before = torch.cat([last.new_full((last.shape[0], 1), -1), last[:, :-1]], dim=1)
+    return torch.where(counted > 0, before, index).view(-1, T)
 
 
 def masks(
