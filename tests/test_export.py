@@ -353,6 +353,13 @@ EVERY_SETTING = {
         "model.mlp: gelu with model.norm: rmsnorm", position="rope", norm="rmsnorm"
     ),
     "relu2": case("model.mlp: relu2 cannot be exported", position="rope", mlp="relu2"),
+    "attention-only": case("model.mlp: none cannot be exported", position="rope", mlp="none"),
+    "attention-only-llama": case(
+        "model.mlp: none cannot be exported", position="rope", **{**LLAMA_BLOCK, "mlp": "none"}
+    ),
+    "smeared-keys": case(
+        "model.smear_keys: true cannot be exported", position="rope", smear_keys=True
+    ),
 }
 
 

@@ -126,6 +126,12 @@ def export_target(cfg: ModelConfig) -> str:
             f"model.rope_p: {cfg.rope_p} cannot be exported: GPT-NeoX's partial rotary re-spaces "
             "the frequencies of the pairs it rotates; p-RoPE keeps the notes' frequencies"
         )
+    if cfg.mlp == "none" or cfg.smear_keys:  # attention-only blocks, smeared keys: lm's own
+        key = "model.mlp: none" if cfg.mlp == "none" else "model.smear_keys: true"
+        raise CannotExpress(
+            f"{key} cannot be exported: every transformers architecture lm writes has an MLP in "
+            "each block and keys of their own token (no attention-only block, no smeared keys)"
+        )
     settings = _block_settings(cfg)
     if settings:
         return _llama_style_target(cfg, settings)
