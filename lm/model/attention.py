@@ -114,7 +114,7 @@ class SmearKeys(nn.Module):
         index = previous if cache is None else previous + 1
         before = keys.gather(2, index.view(-1, 1, k.shape[2], 1).expand_as(k))
         g = torch.sigmoid(self.gate).to(k.dtype).view(-1, 1, 1)  # (H_kv, 1, 1)
-        return g * k + (1 - g) * before
+        return torch.lerp(before, k, g)  # before + g (k - before): k itself where before is k
 
 
 def attend(q, k, v, mask: Mask, B=None, dropout: float = 0.0, weights: bool = False):
