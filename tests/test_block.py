@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
         ("model.n_kv_head=0", "model.n_kv_head: must be from 1 to n_head=4"),
         ("model.n_kv_head=8", "model.n_kv_head: must be from 1 to n_head=4 (key/value heads"),
         ("model.norm=batchnorm", "model.norm: 'batchnorm' is not one of layernorm, rmsnorm"),
-        ("model.mlp=geglu", "model.mlp: 'geglu' is not one of gelu, swiglu, relu2"),
+        ("model.mlp=geglu", "model.mlp: 'geglu' is not one of gelu, swiglu, relu2, none"),
         ("model.qk_norm=sometimes", "model.qk_norm: expected true or false, got 'sometimes'"),
+        ("model.smear_keys=1.5", "model.smear_keys: expected true or false, got 1.5"),
     ],
 )
 def test_bad_block_settings_are_one_line_and_exit_2(setting, message, tmp_path, capsys):
