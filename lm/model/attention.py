@@ -19,6 +19,10 @@ FlexAttention with their own grouped-query option, the formulas written out with
 heads repeated (:func:`lm.model.kernels.per_query_head`). QK-norm (``model.qk_norm``; Henry et
 al. 2020, Qwen3): RMSNorm over each head's query and key, with a trained gain per feature,
 before the position scheme rotates them or biases their scores.
+
+Smeared keys (``model.smear_keys``; Olsson et al. 2022, the smeared-key architecture): each key
+mixed with its document's previous token's by a learned gate per key head, after QK-norm and
+before the scheme's rotation (:class:`SmearKeys`).
 """
 
 from __future__ import annotations
@@ -73,8 +77,7 @@ class MultiHeadAttention(nn.Module):
         tokens; with ``weights``, also ``(S + B + M, A)`` (:func:`attend`)."""
         q, k, v = self.project(x)  # (B, H, T, d_k), k and v (B, H_kv, T, d_k)
         q, k = (self.q_norm(q), self.k_norm(k)) if self.qk_norm else (q, k)  # QK-norm: first
-        if self.smear is not None:  # each key mixed with its previous token's, then rotated
-            k = self.smear(k, where.previous, cache)
+        k = k if self.smear is None else self.smear(k, where.previous, cache)  # before rotating
         if self.rotates:
             q, k = self.position.rotate(q, k, where)
         if cache is not None:  # every slot's keys and values, (B, H_kv, capacity, d_k)

@@ -7,7 +7,9 @@ one-token step has the same shapes and no host-side slicing at every step, and c
 or captured as a CUDA graph. Keys are stored after RoPE, each keeping the rotation of its own
 position, at the width the layer's scheme leaves them (PoPE's are twice a head's width). With
 grouped-query attention (``model.n_kv_head``) the cache holds the ``n_kv_head`` key/value heads,
-not one per query head: ``n_head / n_kv_head`` times fewer bytes.
+not one per query head: ``n_head / n_kv_head`` times fewer bytes. With smeared keys
+(``model.smear_keys``) it also keeps each row's last real key before smearing, for the next
+token to mix with (:meth:`KVCache.with_last_key`).
 """
 
 from __future__ import annotations

@@ -90,25 +90,20 @@ def block_norm(config: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``; with
-    ``model.mlp: none`` the first alone (attention-only, Elhage et al. 2021: no MLP, no second
-    norm)."""
+    """Pre-norm block: ``x + Attn(LN(x))``, then (unless ``model.mlp: none``) ``x + MLP(LN(x))``."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.norm1 = block_norm(config)
         self.attn = MultiHeadAttention(config, layer)
-        self.mlp = None  # attention-only: the residual stream is E[w_l] plus attention outputs
-        if config.mlp != "none":
-            self.norm2 = block_norm(config)
-            self.mlp = SwiGLU(config) if config.mlp == "swiglu" else MLP(config)
+        only = config.mlp == "none"  # attention-only (Elhage et al. 2021): no MLP, no 2nd norm
+        self.norm2 = None if only else block_norm(config)
+        self.mlp = None if only else (SwiGLU if config.mlp == "swiglu" else MLP)(config)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, where: Positions, mask: Mask, cache=None) -> torch.Tensor:
         x = x + self.drop(self.attn(self.norm1(x), where, mask, cache))
-        if self.mlp is None:
-            return x
-        return x + self.drop(self.mlp(self.norm2(x)))
+        return x if self.mlp is None else x + self.drop(self.mlp(self.norm2(x)))
 
 
 class TransformerLM(nn.Module):
@@ -131,12 +126,11 @@ class TransformerLM(nn.Module):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        # GPT-2: residual-path output projections scaled so the stream's variance stays O(1):
-        # by the branches adding to it, two a block (attention-only, model.mlp: none: one).
-        branches = config.n_layer * (1 if config.mlp == "none" else 2)
+        # GPT-2: residual branches' output projections scaled so the stream's variance stays O(1)
+        std = 0.02 / math.sqrt(config.n_layer * (1 if config.mlp == "none" else 2))  # branches
         for block in self.blocks:
             for proj in (block.attn.out, block.mlp.down) if block.mlp else (block.attn.out,):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(branches))
+                nn.init.normal_(proj.weight, mean=0.0, std=std)
         self.shared = []  # of each scheme whose layers share one bias (ALiBi, T5), the first
         for block in self.blocks:  # layer's, which makes it (a list: not submodules again)
             scheme = block.attn.position
