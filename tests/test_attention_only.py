@@ -48,7 +48,7 @@ def model_with(position="rope", block=None, **settings) -> TransformerLM:
 def test_attention_only_blocks_have_no_mlp_and_no_second_norm(block):
     full, bare = model_with(block=block), model_with(block=block, mlp="none")
     for layer in bare.blocks:
-        assert layer.mlp is None and not hasattr(layer, "norm2")
+        assert layer.mlp is None and layer.norm2 is None
     mlp_and_norm = sum(
         p.numel() for b in full.blocks for m in (b.mlp, b.norm2) for p in m.parameters()
     )
@@ -189,3 +189,14 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path, optimizer, m
     assert_same_weights(tmp_path / "resumed", tmp_path / "straight")
     gates = [b.attn.smear.gate for b in load_run(tmp_path / "resumed").model.blocks]
     assert all((gate != 0).all() for gate in gates)  # learned from 0, and kept by checkpoints
+
+
+@pytest.mark.parametrize("position", ["rope", "cope"])
+def test_generation_with_and_without_the_cache_gives_each_prompt_its_own_tokens(position):
+    from lm.sample import generate
+
+    model = model_with(position, **SETTINGS["both"])
+    prompts = [[1, 2, 3], [4], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]  # last > context
+    alone = [generate(model, [p], 20, pad_id=0, use_cache=False)[0] for p in prompts]
+    for use_cache in (True, False):
+        assert generate(model, prompts, 20, pad_id=0, use_cache=use_cache) == alone

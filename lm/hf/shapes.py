@@ -92,6 +92,18 @@ def _llama_style_target(cfg: ModelConfig, settings: list[str]) -> str:
     return "qwen3" if cfg.qk_norm else "llama"
 
 
+def _refuse_lm_only_blocks(cfg: ModelConfig) -> None:
+    """Attention-only blocks and smeared keys (Olsson et al. 2022) are refused: every target has
+    an MLP in each block and keys of their own token. (Llama with ``intermediate_size: 0``
+    computes a zero MLP, but lm writes no such model.)"""
+    if cfg.mlp == "none" or cfg.smear_keys:
+        key = "model.mlp: none" if cfg.mlp == "none" else "model.smear_keys: true"
+        raise CannotExpress(
+            f"{key} cannot be exported: every transformers architecture lm writes has an MLP in "
+            "each block and keys of their own token (no attention-only block, no smeared keys)"
+        )
+
+
 def export_target(cfg: ModelConfig) -> str:
     """The ``model_type`` ``cfg`` exports as; a model every target would compute differently is
     refused in one line (RoPE's settings: :func:`_check_rope_export`, once the config is
@@ -126,12 +138,7 @@ def export_target(cfg: ModelConfig) -> str:
             f"model.rope_p: {cfg.rope_p} cannot be exported: GPT-NeoX's partial rotary re-spaces "
             "the frequencies of the pairs it rotates; p-RoPE keeps the notes' frequencies"
         )
-    if cfg.mlp == "none" or cfg.smear_keys:  # attention-only blocks, smeared keys: lm's own
-        key = "model.mlp: none" if cfg.mlp == "none" else "model.smear_keys: true"
-        raise CannotExpress(
-            f"{key} cannot be exported: every transformers architecture lm writes has an MLP in "
-            "each block and keys of their own token (no attention-only block, no smeared keys)"
-        )
+    _refuse_lm_only_blocks(cfg)
     settings = _block_settings(cfg)
     if settings:
         return _llama_style_target(cfg, settings)
