@@ -142,7 +142,7 @@ def icl_score(
     positions minus that at the early band (:func:`icl_bands`), real targets only. None where a
     band has no target (windows or a task's answers shorter than the context)."""
     world = world or World()
-    T, size = config.model.context_length, config.train.eval_batch()
+    T, size = config.model.context_length, min(config.train.eval_batch(), ICL_WINDOWS)
     sums = torch.zeros(2, T, dtype=torch.float64, device=device)  # (loss sum, targets) by position
     was_training = model.training
     model.eval()
