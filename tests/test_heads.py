@@ -24,6 +24,7 @@ from lm.cli import main
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import train_tokenizer
 from lm.evaluate_heads import (
+    ICL_WINDOWS,
     PROBE_SEQUENCES,
     SCORES,
     head_scores,
@@ -140,9 +141,11 @@ class _CopiesEarly(torch.nn.Module):
     def __init__(self, vocab: int):
         super().__init__()
         self.vocab, self.weight = vocab, torch.nn.Parameter(torch.zeros(1))
+        self.rows = 0
 
     def forward(self, input_ids, **_):
         B, T = input_ids.shape
+        self.rows += B
         logits = torch.zeros(B, T, self.vocab)
         nxt = torch.nn.functional.one_hot(input_ids[:, 1:], self.vocab).float()
         logits[:, : T // 2] = 100.0 * nxt[:, : T // 2]
@@ -154,12 +157,14 @@ def test_the_icl_score_is_the_late_band_minus_the_early_one(tmp_path):
     assert icl_bands(5) == (range(0, 1), range(4, 5))
     from lm.data.sources import prepare_data
 
-    cfg = tiny_config(data={"cache_dir": str(tmp_path)})
+    # An evaluation batch of 100 windows: the score still reads its 16, no more.
+    cfg = tiny_config(data={"cache_dir": str(tmp_path)}, train={"eval_batch_size": 100})
     data = prepare_data(cfg.data, log=None)
     vocab = data.tokenizer.vocab_size
     model = _CopiesEarly(vocab)
     got = icl_score(model, cfg, data.val, data.tokenizer.pad_id, torch.device("cpu"))
     assert got == pytest.approx(math.log(vocab), abs=1e-3)
+    assert model.rows == ICL_WINDOWS
 
 
 @pytest.fixture(scope="module")
