@@ -9,11 +9,11 @@ The Python API (docs/python-api.md)::
     print(lm.loss_at(run, ["1x", "2x"]))
 
 and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causal_mask``,
-``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``; and ``lm.view(run, prompt)``, the
-``lm view`` page inline in Jupyter. The package's wings: ``lm.model`` (the network),
-``lm.data``, ``lm.training``, ``lm.compare``, ``lm.explorer`` (``lm view``), ``lm.hf``, on
-``lm.config``, ``lm.runs`` and ``lm.runtime``. Names load on first use, so ``import lm`` (and
-the command line) stays quick.
+``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``; ``lm.view(run, prompt)``, the
+``lm view`` page inline in Jupyter; and ``lm.heads(run)``, each attention head's scores. The
+package's wings: ``lm.model`` (the network), ``lm.data``, ``lm.training``, ``lm.compare``,
+``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``, ``lm.runs`` and ``lm.runtime``.
+Names load on first use, so ``import lm`` (and the command line) stays quick.
 """
 
 import os
@@ -38,6 +38,7 @@ _API = {
     "sinusoids": "lm.api",
     "rope": "lm.api",
     "view": "lm.api",
+    "heads": "lm.api",
     "Config": "lm.config.sections",
     "LMError": "lm.config.errors",
     "load_config": "lm.config.load",

@@ -6,7 +6,8 @@ text from prompts, :func:`loss_at` context lengths. The notes' formulas, as the 
 them: :func:`attention` (``Y, A`` of ``softmax(QK^T/sqrt(d_k) + M) V``), :func:`causal_mask`,
 :func:`attention_mask` (the key and causal masks of a padded batch), :func:`sinusoids` and
 :func:`rope` (RoPE's rotation of queries or keys). :func:`view`: the ``lm view`` page of a run
-and a prompt, shown inline in Jupyter.
+and a prompt, shown inline in Jupyter; :func:`heads`: each head's previous-token, induction,
+duplicate and first-token scores and the in-context learning score (``lm heads``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,6 +25,7 @@ from lm.config.load import load_config, with_overrides
 from lm.config.sections import Config
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
+from lm.evaluate_heads import heads_of_run
 from lm.explorer.gather import prompt_ids, run_page
 from lm.explorer.make import kind_of, page_html, run_name
 from lm.explorer.page import Page, render
@@ -43,6 +46,7 @@ __all__ = [
     "attention_mask",
     "causal_mask",
     "generate",
+    "heads",
     "load",
     "loss_at",
     "rope",
@@ -217,6 +221,17 @@ def loss_at(
         if row.get("note"):
             warnings.warn(f"lengths: {row['context_length']}: {row['note']}", stacklevel=2)
     return {row["context_length"]: row["loss"] for row in rows}
+
+
+def heads(run: str | Path, step: int | None = None, *, device: str = "auto") -> dict[str, Any]:
+    """``lm heads --json``: the scores of a run's newest checkpoint, or of the one at ``step``
+    (docs/heads.md): ``scores`` ({``previous_token``, ``induction``, ``duplicate_token``,
+    ``first_token``}: [layer][head]), ``icl_score``, ``step``, ``checkpoint``, ``probe``,
+    ``icl``. A step with no checkpoint raises LMError listing the steps there are."""
+    run = _path(run, "run")
+    if not isinstance(device, str):
+        raise LMError(f"device: {device!r} is not a device name (auto, cpu, cuda, cuda:N, mps)")
+    return heads_of_run(run, step, str(resolve_device(device, "device")), "step")
 
 
 def _tensor(value: object, name: str) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention | positions | view | export
-| import`` (also ``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | attention | positions | view | heads
+| export | import`` (also ``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -297,6 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_view_parser(sub, DEVICE_HELP)  # lm/explorer/flags.py
 
+    d = sub.add_parser(
+        "heads",
+        help="score every attention head on a fixed probe (previous token, induction, duplicate "
+        "token, first token) and the run's in-context learning score (docs/heads.md)",
+    )
+    d.add_argument("run_dir")
+    d.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest)")
+    d.add_argument("--json", action="store_true", help="machine-readable output (docs/heads.md)")
+    d.add_argument("--device", default="auto", help=DEVICE_HELP)
+
     x = sub.add_parser(
         "export",
         help="write a run as a Hugging Face transformers model folder (no custom code needed)",
@@ -452,6 +462,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_heads(args: argparse.Namespace) -> int:
+    import json
+
+    from lm.evaluate_heads import format_heads, heads_of_run
+    from lm.runtime.device import resolve_device
+
+    device = str(resolve_device(args.device, "--device"))
+    result = heads_of_run(args.run_dir, args.step, device)
+    print(json.dumps(result, indent=2) if args.json else format_heads(result))
+    return 0
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from lm.compare.sweep import compare
     from lm.runtime.device import resolve_device
@@ -587,6 +609,7 @@ COMMANDS = {
     "attention": _cmd_attention,
     "positions": _cmd_positions,
     "view": view_command,
+    "heads": _cmd_heads,
     "export": _cmd_export,
     "import": _cmd_import,
     "choices": _cmd_choices,

@@ -37,12 +37,23 @@ def assert_board_equals_metrics(run_dir) -> None:
     def number(v):  # what a board holds: numbers (a sitting's status line is words)
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
+    # Each head's score is its own scalar: heads/<score>/L<layer>H<head> (docs/heads.md).
+    records = [{**r, **_head_tags(r.pop("heads", {}))} for r in records]
     tags = {k for r in records for k, v in r.items() if k != "step" and number(v)}
     assert set(board.Tags()["scalars"]) == tags
     for tag in tags:
         want = [(r["step"], np.float32(r[tag])) for r in records if number(r.get(tag))]
         got = [(e.step, np.float32(e.value)) for e in board.Scalars(tag)]
         assert got == want, tag
+
+
+def _head_tags(heads: dict) -> dict:
+    return {
+        f"heads/{score}/L{layer}H{head}": value
+        for score, table in heads.items()
+        for layer, row in enumerate(table)
+        for head, value in enumerate(row)
+    }
 
 
 def test_event_files_hold_the_metrics_and_the_config(tmp_path, data):

@@ -230,6 +230,7 @@ LAYERS = {
     "hf": 4,
     "sample": 4,
     "evaluate": 5,
+    "evaluate_heads": 5,
     "training": 6,
     "compare": 7,
     "explorer": 8,

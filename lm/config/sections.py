@@ -380,6 +380,9 @@ class TrainConfig:
     """Batches per evaluation; default: the whole validation split."""
     eval_batch_size: int | None = None
     """Sequences per evaluation batch; default: the training micro-batch (of one process)."""
+    head_scores: bool = True
+    """At each evaluation, score every attention head (previous-token, induction, duplicate,
+    first-token) and the in-context learning score into metrics.jsonl (docs/heads.md)."""
     checkpoint_every: int = 500
     """Save a checkpoint every N steps (and at the end); 0: only at the end."""
     keep_checkpoints: int = 2

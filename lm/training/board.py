@@ -2,8 +2,9 @@
 
 Every record written to ``metrics.jsonl`` is also written here, each number as a scalar under
 its own key (``train_loss``, ``val_loss``, ``lr``, ``tokens_per_s``, ...) at the record's step,
-and the resolved config goes to the HParams dashboard. The event files sit in the run directory
-itself, so ``tensorboard --logdir runs/compare`` names each run of a sweep by its folder
+each head's score under ``heads/<score>/L<layer>H<head>`` (docs/heads.md), and the resolved
+config goes to the HParams dashboard. The event files sit in the run directory itself, so
+``tensorboard --logdir runs/compare`` names each run of a sweep by its folder
 (``position=rope/seed1``) and overlays them all.
 
 ``train.tensorboard``: left out (null), it writes when the ``tensorboard`` package is
@@ -52,15 +53,30 @@ class Board:
         self.writer.flush()
 
     def write(self, record: dict[str, Any]) -> None:
-        step = record["step"]
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(key, value, step)
+        for key, value in scalars(record):
+            self.writer.add_scalar(key, value, record["step"])
         self.writer.flush()  # as metrics.jsonl: a crash loses no logged step
 
     def close(self) -> None:
         self.writer.file_writer.add_summary(self._end)
         self.writer.close()
+
+
+def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """A record's numbers as TensorBoard's scalars: each under its key, and each head's score
+    (``heads``: {score: [layer][head]}) under ``heads/<score>/L<layer>H<head>``."""
+    out = []
+    for key, value in record.items():
+        if key == "heads":
+            out += [
+                (f"heads/{score}/L{layer}H{head}", v)
+                for score, table in value.items()
+                for layer, row in enumerate(table)
+                for head, v in enumerate(row)
+            ]
+        elif key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((key, value))
+    return out
 
 
 def flat_config(config: Config) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from lm.config.sections import Config
 from lm.data.batches import TrainBatches
 from lm.data.sources import PreparedData, prepare_data, print_to_stderr
 from lm.evaluate import eval_draws, evaluate
+from lm.evaluate_heads import evaluation_record
 from lm.model.kernels import flex_backward
 from lm.model.masks import masks, positions
 from lm.model.transformer import TransformerLM
@@ -540,7 +541,13 @@ def _evaluate(run: _Run, net: _Net, state: LoopState, metrics: MetricsLog, bar: 
     )  # fmt: skip
     state.val_loss = loss
     state.best_val_loss = loss if state.best_val_loss is None else min(state.best_val_loss, loss)
-    metrics.write({"step": state.step, **_clock(state), "val_loss": loss})
+    scores = {}
+    if tc.head_scores:  # no_grad, and seeded apart: the training numbers stay as they were
+        scores = evaluation_record(
+            net.raw_model, net.eval_model, run.config, run.data.tokenizer, run.data.val,
+            run.device, net.autocast, run.world,
+        )  # fmt: skip
+    metrics.write({"step": state.step, **_clock(state), "val_loss": loss, **scores})
     if not bar.disable:
         bar.write(f"step {state.step}: val_loss {loss:.4f}", file=sys.stderr)
     return tc.target_loss is not None and loss <= tc.target_loss
