@@ -10,10 +10,12 @@ The Python API (docs/python-api.md)::
 
 and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causal_mask``,
 ``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``; ``lm.view(run, prompt)``, the
-``lm view`` page inline in Jupyter; and ``lm.heads(run)``, each attention head's scores. The
-package's wings: ``lm.model`` (the network), ``lm.data``, ``lm.training``, ``lm.compare``,
-``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``, ``lm.runs`` and ``lm.runtime``.
-Names load on first use, so ``import lm`` (and the command line) stays quick.
+``lm view`` page inline in Jupyter; ``lm.heads(run)``, each attention head's scores;
+``lm.Scheme``, ``lm.ScoreBias`` and ``lm.SchemeRow`` (with ``lm.Place``, ``lm.Positions``,
+``lm.Mask``) to write a position scheme of one's own, and ``lm.schemes``, every builtin scheme's
+class. The package's wings: ``lm.model`` (the network), ``lm.data``, ``lm.training``,
+``lm.compare``, ``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``, ``lm.runs`` and
+``lm.runtime``. Names load on first use, so ``import lm`` (and the command line) stays quick.
 """
 
 import os
@@ -43,17 +45,26 @@ _API = {
     "LMError": "lm.config.errors",
     "load_config": "lm.config.load",
     "TransformerLM": "lm.model.transformer",
+    "Scheme": "lm.schemes",
+    "ScoreBias": "lm.schemes",
+    "SchemeRow": "lm.schemes",
+    "Place": "lm.schemes",
+    "Positions": "lm.schemes",
+    "Mask": "lm.schemes",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "schemes", *_API]
 
 
 def __getattr__(name: str):
-    """The API's names, imported when first asked for (PEP 562)."""
-    if name not in _API:
+    """The API's names, imported when first asked for (PEP 562); ``lm.schemes``, the builtin
+    position schemes' classes."""
+    if name not in _API and name != "schemes":
         raise AttributeError(f"module 'lm' has no attribute {name!r}")
     import importlib
 
+    if name == "schemes":
+        return importlib.import_module("lm.schemes")
     value = getattr(importlib.import_module(_API[name]), name)
     globals()[name] = value
     return value

@@ -22,6 +22,7 @@ import torch
 
 from lm.config.errors import ARGUMENTS, LMError
 from lm.config.load import load_config, with_overrides
+from lm.config.outside import trusting
 from lm.config.sections import Config
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
 from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
@@ -122,12 +123,15 @@ def load(
     checkpoint: str | Path | None = None,
     device: str = "auto",
     rope_scaling: str | None = None,
+    trust_code: bool = False,
     names: dict[str, str] = ARGUMENTS,
 ) -> LoadedRun:
     """A trained run: ``.model`` (a :class:`lm.model.TransformerLM` in eval mode), ``.tokenizer``,
     ``.config``, ``.step``. The newest checkpoint unless ``checkpoint`` names one (a folder, or
     ``step_00000030``); ``rope_scaling`` (``pi:4``, ``ntk:4``, ``yarn:4``, ``none``) evaluates
-    a RoPE run with another context extension, the same weights. ``names``: as :func:`train`'s."""
+    a RoPE run with another context extension, the same weights. ``trust_code``: import the
+    run's copy of a position scheme written outside lm (its code runs: only for a run you
+    trust; docs/positions.md, "Your own scheme"). ``names``: as :func:`train`'s."""
     run_dir = _path(run_dir, "run_dir")
     if checkpoint is not None:
         checkpoint = _path(checkpoint, names["checkpoint"])
@@ -136,7 +140,8 @@ def load(
     if not isinstance(device, str):
         raise LMError(f"device: {device!r} is not a device name (auto, cpu, cuda, cuda:N, mps)")
     where = str(resolve_device(device, "device"))
-    return load_evaluated(run_dir, checkpoint, where, rope_scaling, names)
+    with trusting(trust_code is True):
+        return load_evaluated(run_dir, checkpoint, where, rope_scaling, names)
 
 
 def _loaded(run: LoadedRun | str | Path) -> LoadedRun:
@@ -285,18 +290,25 @@ def rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> tor
     return rotate_pairs(x, cos, sin)
 
 
-def view(run: LoadedRun | str | Path, prompt: str | None = None, *, device: str = "auto") -> Page:
+def view(
+    run: LoadedRun | str | Path,
+    prompt: str | None = None,
+    *,
+    device: str = "auto",
+    trust_code: bool = False,
+) -> Page:
     """The ``lm view`` page of a run (a :func:`load`-ed one, or its folder) on ``prompt``, or of
     a comparison's folder (``prompt`` default: its report's): attention maps of every layer and
     head, the position signal against distance, the 1x and 4x views. In Jupyter it shows
-    inline; ``.save(path)`` writes it, ``.html`` is its text."""
+    inline; ``.save(path)`` writes it, ``.html`` is its text. ``trust_code``: as :func:`load`'s."""
     if prompt is not None:
         checked_text(prompt, "prompt")
     if not isinstance(run, LoadedRun):
         path = _path(run, "run")
         if kind_of(path) == "compare":
-            return Page(page_html(path, prompt, str(resolve_device(device, "device"))))
-        run = load(path, device=device)
+            with trusting(trust_code is True):
+                return Page(page_html(path, prompt, str(resolve_device(device, "device"))))
+        run = load(path, device=device, trust_code=trust_code)
     if prompt is None:
         raise LMError("prompt: a run's page needs the text whose attention to show")
     prompt_ids(run, prompt, "prompt")  # checked, and named as the API names it

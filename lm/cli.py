@@ -11,14 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
 from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
+from lm.config.outside import trusting, user_files
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
-from lm.explorer.flags import add_view_parser, view_command
+from lm.explorer.flags import TRUST_HELP, add_view_parser, view_command
 from lm.hf import MODELS
 from lm.runtime.launch import every_rank_meets, launched_rank
 
@@ -172,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--rope-scaling", metavar="METHOD:FACTOR", help=ROPE_SCALING_HELP)
     s.add_argument("--device", default="auto", help=DEVICE_HELP)
+    s.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
     e = sub.add_parser(
         "eval",
@@ -196,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--max-batches", type=positive_int, help="evaluate only this many batches")
     e.add_argument("--device", default="auto", help=DEVICE_HELP)
+    e.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
     c = sub.add_parser(
         "compare",
@@ -266,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
         "runs left training take the cores finished ones give back",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
+    c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
     a.add_argument("run_dir")
@@ -274,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--head", type=int, help="0-based (default: a grid of every head)")
     a.add_argument("--out", help="PNG file (default: RUN_DIR/attention.png)")
     a.add_argument("--device", default="auto", help=DEVICE_HELP)
+    a.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
     p = sub.add_parser(
         "positions",
@@ -294,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "against distance goes to RUN_DIR/bias_by_distance.png, or NAME_bias.png beside --out)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
     add_view_parser(sub, DEVICE_HELP)  # lm/explorer/flags.py
 
@@ -518,13 +525,13 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
     """A learned position table has no vector past its rows: a longer ``--text`` is the text's
     to shorten (the model's own error would speak of its context). Anything else wrong with the
     run is left to the drawing to report."""
-    from lm.config.load import load_config
     from lm.data.tokenizer import TextTokenizer
+    from lm.runs.code import run_config
     from lm.runs.directory import CONFIG, TOKENIZER
 
     if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
         return
-    model = load_config(run_dir / CONFIG).model
+    model = run_config(run_dir).model
     if not any(r.table for r in model.rows):
         return
     tokens = len(TextTokenizer.load(run_dir / TOKENIZER).encode(text))
@@ -637,8 +644,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.error(f"a command is required: {', '.join(COMMANDS)}")
     try:
-        return COMMANDS[args.command](args)
+        with trusting(getattr(args, "trust_code", False)):
+            return COMMANDS[args.command](args)
     except LMError as e:
+        sys.stderr.write(getattr(e, "frames", ""))  # an outside scheme's own, where it raised
         _say(f"lm: error: {one_line(str(e))}", every_rank_meets(e), 2)
         return 2
     except KeyboardInterrupt as e:
@@ -647,6 +656,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # e.g. `lm sample ... | head`
         return 0
+    except Exception as e:
+        return _scheme_raised(e)
+
+
+def _scheme_raised(e: Exception) -> int:
+    """An error raised in the code of a position scheme written outside lm: its frames (not
+    lm's: it is the user's code) and one line, exit 2; any other error is lm's, raised as is."""
+    files, frames = user_files(), []
+    while e.__traceback__ is not None:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename in files]
+        if frames or (e.__cause__ or e.__context__) is None:
+            break
+        e = e.__cause__ or e.__context__
+    if not frames:
+        raise
+    sys.stderr.write("".join(traceback.format_list(frames)))
+    what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    _say(f"lm: error: {frames[-1].filename} raised {one_line(what)}", True, 2)
+    return 2
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from lm.config.errors import FLAGS, LMError
-from lm.config.load import load_config
 from lm.config.names import SPLITS, XPOS_REACH, extends, readers, task_of
 from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.config.tasks import passkey_lengths
@@ -41,7 +40,8 @@ from lm.data.sources import TokenizedSplit, prepare_data
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
 from lm.model.position.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
-from lm.runs.directory import CONFIG, TOKENIZER
+from lm.runs.code import run_config
+from lm.runs.directory import TOKENIZER
 from lm.runs.load import LoadedRun, load_run
 from lm.runtime.device import seeded_draws
 from lm.runtime.distributed import World, all_reduce_sum
@@ -288,7 +288,7 @@ def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
     if rope_scaling is None:
         return run_dir / EVAL_FILE
     method, factor = parse_rope_scaling(rope_scaling, "--rope-scaling")
-    own = parse_rope_scaling(load_config(run_dir / CONFIG).model.rope_scaling)
+    own = parse_rope_scaling(run_config(run_dir).model.rope_scaling)
     if (method, factor) == own or factor == own[1] == 1.0:  # the model as trained
         return run_dir / EVAL_FILE
     return run_dir / ("eval.none.json" if factor == 1.0 else f"eval.{method}_{factor:g}.json")
@@ -296,7 +296,7 @@ def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
 
 def setting_line(run_dir: str | Path, rope_scaling: str) -> str:
     """The line above ``lm eval``'s table that names the RoPE extension it measured."""
-    own = load_config(Path(run_dir) / CONFIG).model.rope_scaling or "none"
+    own = run_config(Path(run_dir)).model.rope_scaling or "none"
     path = eval_path(run_dir, rope_scaling)
     if path.name == EVAL_FILE:
         return f"rope_scaling {rope_scaling}: the run as trained ({path})"

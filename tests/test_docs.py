@@ -227,6 +227,7 @@ LAYERS = {
     "model": 2,
     "data": 2,
     "runs": 3,
+    "schemes": 3,
     "hf": 4,
     "sample": 4,
     "evaluate": 5,

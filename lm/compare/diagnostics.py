@@ -20,11 +20,11 @@ import torch
 
 from lm.compare import plots
 from lm.config.errors import LMError
-from lm.config.names import SCORE_BIASES
+from lm.config.names import Place, row
 from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.data.tokenizer import TextTokenizer
-from lm.model.position import CONTENT_BIASES
+from lm.model.position import reads_content
 from lm.model.position.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.runs.directory import TOKENIZER, check_out_dir
@@ -178,7 +178,7 @@ def draw_score_by_offset(
             total = torch.where(ok, diagonal, torch.zeros_like(diagonal)).sum(dim=(0, 2))
             profile[i, :, offset] = (total / pairs[offset]).cpu().numpy()
     ylabel = "mean score q·k/√d_k"
-    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in SCORE_BIASES]
+    biased = [n for n in dict.fromkeys(cfg.model.layer_positions) if row(n).place is Place.SCORES]
     if biased:  # the softmax sees S plus the bias
         ylabel += f" + {'/'.join(biased)} bias"
     plots.score_by_offset(
@@ -229,7 +229,7 @@ def draw_bias_by_distance(
     path = picture_path(out) if out is not None else None
     run = load_run(run_dir, device=device)
     cfg = run.config
-    if set(SCORE_BIASES).isdisjoint(cfg.model.layer_positions):
+    if all(r.place is not Place.SCORES for r in cfg.model.rows):
         return None
     C = cfg.model.context_length
     data = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
@@ -238,7 +238,7 @@ def draw_bias_by_distance(
     with seeded_draws(torch.device(device), cfg.train.seed, "val", C):  # drawn positions
         drawn = bias_by_distance(run.model, batch["input_ids"][:, :real].to(device))
     path = path or picture_path(Path(run_dir) / "bias_by_distance.png")
-    reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if n in CONTENT_BIASES]
+    reads = [n for n in dict.fromkeys(cfg.model.layer_positions) if reads_content(n)]
     of = f", on the first validation window ({' and '.join(reads)} read its text)" if reads else ""
     return plots.score_by_offset(
         np.stack(list(drawn.values())),

@@ -35,14 +35,14 @@ import torch
 
 from lm.compare.report import RunResult
 from lm.config.errors import LMError
-from lm.config.load import load_config
 from lm.config.names import extends, task_of
 from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.tasks import TaskSettings, evaluation_examples
 from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
 from lm.runs.checkpoint import latest_checkpoint, read_state
-from lm.runs.directory import CONFIG, METRICS, PROVENANCE, TOKENIZER
+from lm.runs.code import run_config
+from lm.runs.directory import METRICS, PROVENANCE, TOKENIZER
 from lm.sample import generate
 from lm.training.metrics import read_metrics
 
@@ -137,7 +137,7 @@ def measure_run(
 ) -> tuple[RunResult, bool]:
     """Everything the report shows of one run, and whether it was read back from the run's
     ``measured.json`` rather than measured now (then kept there, ``log`` told first)."""
-    cfg = load_config(run_dir / CONFIG)  # as trained; the report compares these
+    cfg = run_config(run_dir)  # as trained; the report compares these
     measure = _as_measured(measure, cfg)
     rope_scaling = measure.rope_scaling
     key = _key(run_dir, measure)
@@ -227,7 +227,7 @@ def measure_job(run_dir: Path, spec: str, threads: int | None = None) -> None:
         prompt, device = given["prompt"], given["device"]
     except (ValueError, TypeError, KeyError):
         raise LMError(f"--measure: {spec!r} is not what lm compare passes its jobs") from None
-    cfg = load_config(run_dir / CONFIG)
+    cfg = run_config(run_dir)
     # The cores the job trained on (run.json says) or was last given, not the machine's: other
     # jobs may be training beside it.
     before = torch.get_num_threads()

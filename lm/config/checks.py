@@ -11,16 +11,15 @@ from typing import Any
 from lm.config.errors import ConfigError
 from lm.config.names import (
     MLPS,
-    NO_FLEX,
-    NO_POSITIONS,
     NORMALIZATIONS,
     NORMS,
     POSITIONS,
-    SCHEMES,
     Place,
     extends,
     readers,
+    row,
 )
+from lm.config.outside import canonical, is_spec, load
 from lm.config.values import parse_rope_scaling, shown, value_text
 
 RANDOM_POSITIONS_MAX = 1 << 16
@@ -91,9 +90,9 @@ class ModelChecks:
     def _check_widths(self) -> None:
         """The widths each scheme splits into pairs (its row's ``even``) are even."""
         for name in dict.fromkeys(self.layer_positions):
-            for width in SCHEMES[name].even:
+            for width in row(name).even:
                 if getattr(self, width) % 2:
-                    label, value = WIDTHS[width], getattr(self, width)
+                    label, value = WIDTHS.get(width, width), getattr(self, width)
                     raise ConfigError(
                         f"model.position: {name} needs an even {label} (it pairs features): "
                         f"{label}={value} must be even"
@@ -135,7 +134,8 @@ class ModelChecks:
                     "model.kernel: flex computes a softmax; stick_breaking runs as the notes' "
                     "explicit formula does (kernel: sdpa or math)"
                 )
-        if self.kernel == "flex" and (flexless := sorted(set(NO_FLEX) & set(self.layer_positions))):
+        flexless = [r.name for r in self.rows if not r.flex]
+        if self.kernel == "flex" and flexless:
             raise ConfigError(
                 f"model.kernel: flex cannot compute {flexless[0]}'s bias, which reads more than "
                 "the one query-key pair a score function sees; use sdpa"
@@ -168,7 +168,7 @@ class ModelChecks:
                 f"{self.context_length}; training draws a sequence's positions from [0, M), so "
                 "M must be at least the longest sequence"
             )
-        if set(self.layer_positions) <= set(NO_POSITIONS):
+        if not any(r.reads_positions for r in self.rows):
             text = self.position_text  # none, fox or cope: no position is read
             raise ConfigError(f"model.random_positions: position: {text} reads no positions")
 
@@ -180,24 +180,44 @@ class ModelChecks:
             )
 
     def _check_position(self) -> None:
-        """One scheme, or one per layer (read back as ``layer_positions``)."""
+        """One scheme, or one per layer (read back as ``layer_positions``); a scheme outside lm
+        by its spec, made absolute, its class imported and its row checked
+        (:mod:`lm.config.outside`)."""
         if isinstance(self.position, str):
-            choice("model", "position", self.position, POSITIONS)
+            object.__setattr__(self, "position", self._scheme(self.position))
             return
         text = value_text(self.position)
-        names = layer_items("position", self.position, self.n_layer, "scheme")
+        names = [
+            self._scheme(n) for n in layer_items("position", self.position, self.n_layer, "scheme")
+        ]
         if len(set(names)) == 1:
             # One scheme in every layer ([rope, ...]) is that scheme, exported and resumed as it.
             object.__setattr__(self, "position", names[0])
-            choice("model", "position", self.position, POSITIONS)
             return
+        object.__setattr__(self, "position", [self._scheme(n) for n in self.position])
         for name in names:
-            choice("model", "position", name, POSITIONS)
-            if SCHEMES[name].place is Place.EMBEDDINGS:
+            if row(name).place is Place.EMBEDDINGS:
                 raise ConfigError(
                     f"model.position: {text}: {name} adds to the embeddings, below every layer "
                     f"at once, and cannot be chosen per layer (write position: {name})"
                 )
+
+    def _scheme(self, name: Any) -> Any:
+        """A builtin's name as it is; an outside scheme's spec made absolute, loaded, its row's
+        widths and keys checked against this config."""
+        if name == "..." or not is_spec(name):
+            if name != "...":
+                choice("model", "position", name, POSITIONS)
+            return name
+        spec = canonical(name)
+        scheme = load(spec)
+        for key in (*scheme.even, *scheme.keys):
+            if key not in self.__dataclass_fields__ and not hasattr(type(self), key):
+                raise ConfigError(f"model.position: {spec}: its row names {key}, no model key")
+        for width in scheme.even:
+            if not isinstance(getattr(self, width), int):
+                raise ConfigError(f"model.position: {spec}: its row's even names {width}, no width")
+        return spec
 
     def _check_scheme_keys(self) -> None:
         """Each scheme's keys within its range; read only by a model that uses their scheme (as

@@ -30,14 +30,17 @@ ROTARY_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_cont
 
 @dataclass(frozen=True)
 class SchemeRow:
-    """One position scheme, everything the config, the model and the docs ask of it."""
+    """One position scheme, everything the config, the model and the docs ask of it. A builtin's
+    is its line of :data:`SCHEMES`; a scheme written outside lm declares its own on its class
+    (``row = lm.SchemeRow(place=lm.Place.SCORES, ...)``), and ``name`` and ``code`` are then
+    filled in with its spec (``lm.config.outside``)."""
 
-    name: str
-    """Its ``model.position``."""
-    place: Place
-    code: str
+    name: str = ""
+    """Its ``model.position``: a builtin's name, or an outside scheme's spec."""
+    place: Place = Place.NOTHING
+    code: str = ""
     """Its class, ``module:Class`` under ``lm.model.position`` (imported by the model, never
-    here)."""
+    here), or an outside scheme's spec."""
     learned_bias: bool = False
     """Its score bias has learned parameters, so training takes their gradient through the
     attention kernel (``lm.model.kernels.choose_kernel`` picks the kernel for it)."""
@@ -144,10 +147,21 @@ NO_POSITIONS = tuple(n for n, row in SCHEMES.items() if not row.reads_positions)
 change."""
 
 
+OUTSIDE: dict[str, SchemeRow] = {}
+"""The rows of the schemes written outside lm that this process has loaded, by spec
+(``path/to/file.py:Class`` resolved, or ``module:Class``): ``lm.config.outside`` fills it in
+when a config names one, after importing its class."""
+
+
+def row(name: str) -> SchemeRow:
+    """The row of ``model.position`` ``name``: a builtin's, or a loaded outside scheme's."""
+    return SCHEMES[name] if name in SCHEMES else OUTSIDE[name]
+
+
 def readers(key: str, positions: Iterable[str] = POSITIONS) -> tuple[str, ...]:
-    """The schemes among ``positions`` (a model's ``layer_positions``; default every scheme)
+    """The schemes among ``positions`` (a model's ``layer_positions``; default every builtin)
     whose row reads ``model.KEY``, each once, in order."""
-    return tuple(n for n in dict.fromkeys(positions) if key in SCHEMES[n].keys)
+    return tuple(n for n in dict.fromkeys(positions) if key in row(n).keys)
 
 
 def extends(positions: Iterable[str]) -> bool:

@@ -22,10 +22,10 @@ from lm.config.names import (
     ON_NONFINITE,
     OPTIMIZERS,
     SCHEDULES,
-    SCHEMES,
     SPLIT_BY,
     VAL_SPLITS,
     SchemeRow,
+    row,
     task_of,
 )
 from lm.config.tasks import at_context, check_task, check_task_fits
@@ -145,6 +145,10 @@ class ModelConfig(ModelChecks):
         # Each layer's scheme, n_layer names (a list ending in ... repeated): set once, read by
         # every forward pass.
         object.__setattr__(self, "layer_positions", per_layer(self.position, self.n_layer))
+        # The rows of its layers' schemes (``lm.config.names.row``), each once, in layer order:
+        # what the code asks of a scheme, never its name.
+        rows: tuple[SchemeRow, ...] = tuple(map(row, dict.fromkeys(self.layer_positions)))
+        object.__setattr__(self, "rows", rows)
         choice(s, "kernel", self.kernel, KERNELS)
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
@@ -186,12 +190,6 @@ class ModelConfig(ModelChecks):
     def position_range(self) -> int:
         """How many positions training reads: ``0 .. position_range - 1``."""
         return self.random_positions or self.context_length
-
-    @property
-    def rows(self) -> tuple[SchemeRow, ...]:
-        """The rows of its layers' schemes (``lm.config.names.SCHEMES``), each once, in layer
-        order: what the code asks of a scheme, never its name."""
-        return tuple(SCHEMES[name] for name in dict.fromkeys(self.layer_positions))
 
     @property
     def position_text(self) -> str:

@@ -8,6 +8,11 @@ import argparse
 from lm.config.errors import LMError
 from lm.config.values import checked_text
 
+TRUST_HELP = (
+    "import the run's copy of a position scheme written outside lm (its code runs: pass it only "
+    "for a run you trust)"
+)
+
 
 def port(text: str) -> int:
     """``--port``: 0 (any free one) to 65535."""
@@ -52,6 +57,7 @@ def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
         "--port", type=port, default=8000, help="--serve's port (default 8000; 0: any free one)"
     )
     v.add_argument("--device", default="auto", help=device_help)
+    v.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
 
 def view_command(args: argparse.Namespace) -> int:

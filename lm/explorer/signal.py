@@ -24,20 +24,17 @@ import numpy as np
 import torch
 
 from lm.compare.diagnostics import bias_by_distance
-from lm.config.names import SCHEMES, Place
+from lm.config.names import Place, row
 from lm.model.kernels import per_query_head
 from lm.model.masks import positions
-from lm.model.position import CONTENT_BIASES
+from lm.model.position import reads_content
 from lm.model.transformer import TransformerLM
-
-CONTENT = CONTENT_BIASES
-"""Score biases that read the text: drawn on the prompt, not on the longer text."""
 
 
 def _layers(model: TransformerLM, place: Place) -> list[int]:
     """The layers whose scheme acts at ``place``."""
     names = model.config.layer_positions
-    return [i for i, name in enumerate(names) if SCHEMES[name].place is place]
+    return [i for i, name in enumerate(names) if row(name).place is place]
 
 
 def _which(layers: list[int], count: int) -> str:
@@ -94,7 +91,7 @@ def _bias_chart(model: TransformerLM, prompt: list[int], long: list[int]) -> dic
     if not layers:
         return None
     names = [model.config.layer_positions[i] for i in layers]
-    reads_text = any(n in CONTENT for n in names)
+    reads_text = any(map(reads_content, names))  # drawn on the prompt, not the long text
     ids = prompt if reads_text else long
     drawn = bias_by_distance(model, torch.tensor([ids], device=next(model.parameters()).device))
     series = [

@@ -27,6 +27,8 @@ import yaml
 from safetensors.torch import save_file
 
 from lm.config.errors import LMError
+from lm.config.load import read_yaml
+from lm.config.outside import is_spec
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import EOD, PAD, UNK, TextTokenizer
 from lm.hf import MODELS
@@ -138,6 +140,21 @@ def max_positions_for(cfg: ModelConfig, requested: int | None) -> int:
     return requested
 
 
+def _refuse_outside(run_dir: Path) -> None:
+    """A scheme written outside lm has no code in transformers: refused from config.yaml's
+    text, before any of its code is imported."""
+    try:
+        position = read_yaml(run_dir / CONFIG)["model"]["position"]
+    except (LMError, TypeError, KeyError):
+        return  # loading the run says what is wrong
+    named = [p for p in (position if isinstance(position, list) else [position]) if is_spec(p)]
+    if named:
+        raise LMError(
+            f"{run_dir}: its position scheme {named[0]} is written outside lm, and transformers "
+            "has no code for it: such a run cannot be exported"
+        )
+
+
 def export_run(
     run_dir: str | Path,
     out: str | Path,
@@ -162,6 +179,7 @@ def export_run(
         and not all((out / name).is_file() for name in _EXPORT_FILES)
     ):
         raise LMError(f"{out}: not an lm export (no config.json, model.safetensors); not replaced")
+    _refuse_outside(run_dir)
     run = load_run(run_dir, checkpoint)
     require_transformers()
     cfg = run.config.model

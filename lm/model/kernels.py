@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import functools
 import math
+from operator import attrgetter
 
 import torch
 import torch.nn.functional as F
 
-from lm.config.names import FORMULA_ON_CPU, NO_FLEX
 from lm.config.sections import ModelConfig
 
 try:  # PyTorch >= 2.5; without it, masks and biases go through SDPA as tensors
@@ -94,14 +94,16 @@ def stick_breaking(q, k, v, mask=None, bias=None, dropout: float = 0.0):
 def choose_kernel(setting: str, config: ModelConfig, device, masked: bool, cache, training) -> str:
     """The kernel of a forward pass (``masked``: a mask or a score bias) for ``model.kernel``
     ``setting``: sdpa | flex | math, or stick_breaking (module docstring, "Which kernel runs")."""
-    schemes, grad, cpu = set(config.layer_positions), torch.is_grad_enabled(), device.type == "cpu"
+    rows, grad, cpu = config.rows, torch.is_grad_enabled(), device.type == "cpu"
     if config.normalize == "stick_breaking":
         return "stick_breaking"
-    if setting == "math" or (cpu and grad and not schemes.isdisjoint(FORMULA_ON_CPU)):
+    # a learned bias's gradient, or keys wider than the values: the notes' formula on CPU
+    formula = any(map(attrgetter("learned_bias"), rows)) or any(map(attrgetter("wide_keys"), rows))
+    if setting == "math" or (cpu and grad and formula):
         return "math"
     compiled_gpu = device.type == "cuda" and torch.compiler.is_compiling()
     flex = (setting == "flex" or (masked and compiled_gpu)) and FLEX_AVAILABLE and cache is None
-    flex = flex and schemes.isdisjoint(NO_FLEX) and not (training and config.dropout)
+    flex = flex and all(map(attrgetter("flex"), rows)) and not (training and config.dropout)
     return "flex" if flex and (flex_backward(device) or not grad) else "sdpa"
 
 

@@ -18,11 +18,12 @@ rows) reads every key instead and is zeroed afterwards, so no kernel sees an emp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import torch
 
-from lm.config.names import SCORE_BIASES
+from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.model.kernels import choose_kernel
 
@@ -264,7 +265,7 @@ def masks(
     T, device = queries.shape[-1], queries.device
     if cache is not None:  # the filled slots are what the new tokens may read
         first, key_mask, causal = cache.start, cache.key_mask, causal and T > 1
-    biased = not set(config.layer_positions).isdisjoint(SCORE_BIASES)  # B: M is a tensor
+    biased = Place.SCORES in map(attrgetter("place"), config.rows)  # B: M is a tensor
     plain = key_mask is None and segments is None and set(config.layer_windows) == {None}
     plain = plain and not biased
     kernel = choose_kernel(kernel or config.kernel, config, device, not plain, cache, training)

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from lm.config.errors import LMError
-from lm.config.load import config_diff, load_config, save_config
+from lm.config.load import config_diff, save_config
 from lm.config.sections import Config
 from lm.data.tokenizer import TextTokenizer
+from lm.runs.code import record_code, run_config
 
 CONFIG, TOKENIZER, METRICS, LOCK, PROVENANCE = (
     "config.yaml",
@@ -123,9 +124,11 @@ def write_run_record(
         save_config(config, run_dir / CONFIG)
         tokenizer.save(run_dir / TOKENIZER)
         record = {**provenance(), "ran": ran} if ran is not None else provenance()
+        if kept := record_code(run_dir, config.model):  # the code of its outside schemes
+            record["schemes"] = kept
         (run_dir / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
         return
-    started = load_config(run_dir / CONFIG)
+    started = run_config(run_dir)
     changed = {
         key: [old, new]
         for key, (old, new) in config_diff(started, config).items()

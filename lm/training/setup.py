@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from lm.config.errors import ConfigError, LMError, SharedError
-from lm.config.load import config_diff, load_config
+from lm.config.load import config_diff
 from lm.config.names import BUILTIN_TOKENIZERS, readers
 from lm.config.sections import Config, ModelConfig
 from lm.data.tokenizer import TextTokenizer
@@ -28,6 +28,7 @@ from lm.runs.checkpoint import (
     newest_intact,
     read_state,
 )
+from lm.runs.code import run_config
 from lm.runs.directory import CONFIG, METRICS, PROVENANCE, TOKENIZER
 
 
@@ -105,7 +106,7 @@ def _init_source(source: Path, flag: str = "--init-from") -> tuple[Config, Path]
     checkpoint = latest_checkpoint(source)
     if checkpoint is None:
         raise LMError(f"{where}: the run has no checkpoint yet")
-    return load_config(source / CONFIG), checkpoint
+    return run_config(source), checkpoint
 
 
 def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM, flag: str) -> None:

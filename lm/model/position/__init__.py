@@ -26,6 +26,7 @@ from __future__ import annotations
 import importlib
 
 from lm.config.names import SCHEMES, Place, SchemeRow
+from lm.config.outside import scheme_class
 from lm.model.position.base import Scheme, ScoreBias
 
 
@@ -34,14 +35,25 @@ def _scheme_class(row: SchemeRow) -> type[Scheme]:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-SCHEME_CLASSES: dict[str, type[Scheme]] = {
-    name: _scheme_class(row) for name, row in SCHEMES.items()
-}
-"""Every ``model.position``'s class, by name, in the table's order."""
+class _Classes(dict):
+    """Builtins by name; an outside scheme by its spec, as the config loaded it."""
 
-CONTENT_BIASES = tuple(
-    name
-    for name, cls in SCHEME_CLASSES.items()
-    if cls.place is Place.SCORES and not issubclass(cls, ScoreBias)
+    def __missing__(self, spec: str) -> type[Scheme]:
+        return scheme_class(spec)
+
+
+SCHEME_CLASSES: dict[str, type[Scheme]] = _Classes(
+    {name: _scheme_class(row) for name, row in SCHEMES.items()}
 )
-"""The score biases that read the layer's content (FoX's, CoPE's), not positions alone."""
+"""Every ``model.position``'s class, by name, in the table's order (iterating it gives the
+builtins); a spec of a scheme outside lm finds its class too (``lm.config.outside``)."""
+
+
+def reads_content(name: str) -> bool:
+    """A score bias that reads the layer's content (FoX's, CoPE's), not positions alone."""
+    cls = SCHEME_CLASSES[name]
+    return cls.place is Place.SCORES and not issubclass(cls, ScoreBias)
+
+
+CONTENT_BIASES = tuple(name for name in SCHEMES if reads_content(name))
+"""The builtin score biases that read the layer's content (FoX's, CoPE's)."""

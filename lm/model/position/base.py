@@ -24,9 +24,10 @@ class PositionOutOfRange(LMError):
 
 class Scheme(nn.Module):
     """A position scheme, built as ``cls(config, layer)`` (``layer``: the attention layer it
-    serves; None: the embeddings). Its row of :data:`lm.config.names.SCHEMES` (``row``, found by
-    ``name``) says where it acts, ``place``; the model and attention call the hooks of that place
-    and no other:
+    serves; None: the embeddings). Its row (``row``: a builtin's line of
+    :data:`lm.config.names.SCHEMES`, found by ``name``; a scheme written outside lm declares its
+    own, or inherits its builtin base's) says where it acts, ``place``; the model and attention
+    call the hooks of that place and no other:
 
     - ``embed`` (the model, once, on ``E[w]``): sinusoids, a learned table;
     - ``rotate`` (each attention layer, on queries and keys): RoPE, xPos;
@@ -45,8 +46,10 @@ class Scheme(nn.Module):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "name" in cls.__dict__:  # a scheme, not a base of some (ScoreBias)
+        builtin = cls.__module__.startswith("lm.model.position")
+        if builtin and "name" in cls.__dict__:  # a scheme, not a base of some (ScoreBias)
             cls.row = SCHEMES[cls.name]
+        if "row" in cls.__dict__:  # an outside scheme's own row (lm.config.outside checks it)
             cls.place = cls.row.place
 
     def embed(self, x: torch.Tensor, where: Positions) -> torch.Tensor:

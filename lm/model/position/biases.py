@@ -120,7 +120,7 @@ class T5(ScoreBias):
     def __init__(self, config: ModelConfig, layer: int | None = None):
         super().__init__(config, layer)
         self.buckets, self.max_distance = config.t5_buckets, config.t5_max_distance
-        if layer is None or layer == config.layer_positions.index("t5"):
+        if layer is None or layer == config.layer_positions.index(self.row.name):
             table = torch.empty(config.n_head, self.buckets).normal_(std=config.d_model**-0.5)
             self.table = nn.Parameter(table)
 
