@@ -176,7 +176,5 @@ def _continuations(ids: torch.Tensor, mask: torch.Tensor, eod_id: int | None) ->
     out = []
     for row, real in zip(ids.tolist(), mask.tolist(), strict=True):
         kept = [t for t, r in zip(row, real, strict=True) if r]
-        if eod_id is not None and eod_id in kept:
-            kept = kept[: kept.index(eod_id)]
-        out.append(kept)
+        out.append(kept[: kept.index(eod_id)] if eod_id in kept else kept)  # None is no token
     return out
