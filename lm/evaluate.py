@@ -174,59 +174,56 @@ def evaluate_lengths(
     if split not in SPLITS:
         raise LMError(f"split: {split!r} is not one of {', '.join(SPLITS)}")
     cfg = run.config
-    trained = cfg.model.context_length
     # The run's own data, from the cache its training made (silently: only the table matters).
     prepared = prepare_data(cfg.data, tokenizer_path=Path(run_dir) / TOKENIZER, log=None)
-    data_split = prepared.val if split == "val" else prepared.train
-    base_batch = batch_size or cfg.train.eval_batch()
-    rows = []
-    for spec in lengths or ["1x"]:
-        length = resolve_length(spec, trained)
-        row: dict[str, Any] = {
-            "context_length": length,
-            "requested": str(spec),
-            "trained_context": trained,
-        }
-        if note := _out_of_reach(cfg.model, length):
-            row.update(loss=None, perplexity=None, note=note)
-            rows.append(row)
-            continue
-        # About the same number of tokens per batch at every length.
-        bs = max(1, base_batch * trained // length)
-        _, sizes = eval_windows(data_split, cfg.data, length)
-        if max_batches is not None:
-            sizes = sizes[: max_batches * bs]
-        windows, longest = len(sizes), int(sizes.max()) - 1 if len(sizes) else 0
-        loss, count = evaluate(
-            run.model,
-            data_split,
-            cfg.data,
-            length,
-            bs,
-            prepared.tokenizer.pad_id,
-            torch.device(device),
-            max_batches=max_batches,
-            draws=eval_draws(cfg, split, length),
+    data = prepared.val if split == "val" else prepared.train
+    batch_size = batch_size or cfg.train.eval_batch()
+    pad_id = prepared.tokenizer.pad_id
+    return [
+        _length_row(run, data, pad_id, split, spec, batch_size, device, max_batches)
+        for spec in lengths or ["1x"]
+    ]
+
+
+def _length_row(
+    run: LoadedRun,
+    data: TokenizedSplit,
+    pad_id: int,
+    split: str,
+    spec: str | int,
+    batch_size: int,
+    device: str,
+    max_batches: int | None,
+) -> dict[str, Any]:
+    """:func:`evaluate_lengths`' row for one length: the loss over the ``split`` split's
+    windows of that length, in batches of ``batch_size`` rows at the trained context."""
+    cfg, trained = run.config, run.config.model.context_length
+    length = resolve_length(spec, trained)
+    row = {"context_length": length, "requested": str(spec), "trained_context": trained}
+    if note := _out_of_reach(cfg.model, length):
+        return {**row, "loss": None, "perplexity": None, "note": note}
+    batch = max(1, batch_size * trained // length)  # about as many tokens a batch at any length
+    _, sizes = eval_windows(data, cfg.data, length)
+    if max_batches is not None:
+        sizes = sizes[: max_batches * batch]
+    windows, longest = len(sizes), int(sizes.max()) - 1 if len(sizes) else 0
+    loss, count = evaluate(
+        run.model, data, cfg.data, length, batch, pad_id, torch.device(device),
+        max_batches=max_batches, draws=eval_draws(cfg, split, length),
+    )  # fmt: skip
+    perplexity = math.exp(min(loss, 50.0))
+    row.update(loss=loss, perplexity=perplexity, tokens=count, windows=windows, window=longest)
+    if longest < length and is_task(cfg):  # examples, not windows of a text
+        row["note"] = (
+            f"the loss of the answers of {windows} {split} examples, each read whole (at "
+            f"most {longest} tokens); what a task measures by length is its accuracy"
         )
-        row.update(
-            loss=loss,
-            perplexity=math.exp(min(loss, 50.0)),
-            tokens=count,
-            windows=windows,
-            window=longest,
+    elif longest < length:
+        row["note"] = (
+            f"no window of the {split} split reaches {length} tokens: {windows} window(s), "
+            f"the longest {longest}"
         )
-        if longest < length and is_task(cfg):  # examples, not windows of a text
-            row["note"] = (
-                f"the loss of the answers of {windows} {split} examples, each read whole (at "
-                f"most {longest} tokens); what a task measures by length is its accuracy"
-            )
-        elif longest < length:
-            row["note"] = (
-                f"no window of the {split} split reaches {length} tokens: {windows} window(s), "
-                f"the longest {longest}"
-            )
-        rows.append(row)
-    return rows
+    return row
 
 
 def _out_of_reach(model: ModelConfig, length: int) -> str:

@@ -31,7 +31,7 @@ import torch
 
 from lm.model.cache import KVCache
 from lm.model.transformer import TransformerLM
-from lm.runtime.device import compile_model, seeded_draws
+from lm.runtime.device import autocast_context, compile_model, seeded_draws
 
 DONE_CHECK_EVERY = 16  # tokens between host reads of "has every row ended?"
 
@@ -83,13 +83,6 @@ def _position_draws(
     return lambda step: seeded_draws(device, key, step)
 
 
-def _autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on GPUs that support it; CPUs decode in the model's own dtype."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 @torch.no_grad()
 def generate(
     model: TransformerLM,
@@ -109,67 +102,79 @@ def generate(
         raise ValueError("every prompt needs at least one token")
     model.eval()
     device = next(model.parameters()).device
-    C = model.config.context_length
-    # Positions drawn at evaluation are drawn afresh for the whole sequence at every pass; a
-    # cache would hold the keys of one draw and read the new token at its plain position.
-    use_cache = use_cache and not model.config.random_positions_eval
-    B, S = len(prompts), max(len(p) for p in prompts)
+    S = max(len(p) for p in prompts)
     # Every slot the decoding will use, preallocated: (B, S + max_new_tokens).
-    ids = torch.full((B, S + max_new_tokens), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros(B, S + max_new_tokens, dtype=torch.bool, device=device)
+    ids = torch.full((len(prompts), S + max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
     for i, p in enumerate(prompts):  # left padding: every row's last token is in column S - 1
         ids[i, S - len(p) : S] = torch.tensor(p, dtype=torch.long)
         mask[i, S - len(p) : S] = True
     generators = None if seed is None else prompt_generators(prompts, seed, device)
     draws = _position_draws(model, prompts, seed, device)
-    autocast = _autocast(device)
-    cache_dtype = torch.bfloat16 if isinstance(autocast, torch.autocast) else None
-    step_model = model
-    if compile_step and use_cache:
-        step_model = compile_model(model, device, fullgraph=True, setting="--compile")
-
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    cache: KVCache | None = None
-    steps = 0
+    # bf16 autocast (and cache) on GPUs that support it; CPUs decode in the model's own dtype.
+    bf16 = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    autocast = autocast_context(device, bf16 or torch.float32)
+    last_logits = _passes(model, ids, mask, use_cache, compile_step, bf16)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         end = S + step  # slots filled so far
         with autocast, draws(step):
-            if use_cache and end <= C:
-                if cache is None:  # the prompt: capacity for every slot up to the context
-                    cache = model.new_cache(B, min(C, S + max_new_tokens), cache_dtype)
-                    logits = model(ids[:, :end], key_mask=mask[:, :end], cache=cache)
-                else:  # one new token: fixed shapes, whatever the step
-                    logits = step_model(
-                        ids[:, end - 1 : end], key_mask=mask[:, end - 1 : end], cache=cache
-                    )
-            else:  # beyond the context (or no cache): recompute over the last C slots
-                # FlexAttention compiles one kernel per length: it gets one length, the slots
-                # not yet filled masked (right padding, which no real query reads).
-                width = min(C, ids.shape[1]) if model.config.kernel == "flex" else min(C, end)
-                start = max(0, end - width)
-                window = slice(start, start + width)
-                logits = model(ids[:, window], key_mask=mask[:, window])[:, : end - start]
-        nxt = _next_tokens(logits[:, -1], temperature, top_k, generators)
+            logits = last_logits(end)
+        nxt = _next_tokens(logits, temperature, top_k, generators)
         # A finished row keeps receiving masked pads, which no real query ever sees.
         ids[:, end] = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         mask[:, end] = ~done
-        steps = step + 1
         if eod_id is not None:
             done = done | (nxt == eod_id)
-            if steps % DONE_CHECK_EVERY == 0 and bool(done.all()):  # the only host read
+            if (step + 1) % DONE_CHECK_EVERY == 0 and bool(done.all()):  # the only host read
                 break
-    return _continuations(ids[:, S : S + steps], mask[:, S : S + steps], eod_id)
+    return _continuations(ids[:, S:], mask[:, S:], eod_id)  # slots never filled are masked
 
 
-def _continuations(
-    new_ids: torch.Tensor, new_mask: torch.Tensor, eod_id: int | None
-) -> list[list[int]]:
-    """Each row's new tokens ``[B, steps]`` up to (not including) its first ``eod_id``: one
-    host copy for the whole batch."""
+def _passes(
+    model: TransformerLM,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    use_cache: bool,
+    compile_step: bool,
+    cache_dtype: torch.dtype | None,
+) -> Callable[[int], torch.Tensor]:
+    """The pass that predicts slot ``end`` of ``ids`` (and ``mask``) from the slots before it, as
+    the last position's logits ``[B, V]``: the KV cache's (in ``cache_dtype``; None: the
+    model's) while they fit in the context, else a recomputation of the last ``context_length``."""
+    C = model.config.context_length
+    # Positions drawn at evaluation are drawn afresh for the whole sequence at every pass; a
+    # cache would hold the keys of one draw and read the new token at its plain position.
+    use_cache = use_cache and not model.config.random_positions_eval
+    step_model = model
+    if compile_step and use_cache:
+        step_model = compile_model(model, ids.device, fullgraph=True, setting="--compile")
+    cache: KVCache | None = None
+
+    def last_logits(end: int) -> torch.Tensor:
+        nonlocal cache
+        if use_cache and end <= C:
+            if cache is None:  # the prompt: capacity for every slot up to the context
+                cache = model.new_cache(len(ids), min(C, ids.shape[1]), cache_dtype)
+                return model(ids[:, :end], key_mask=mask[:, :end], cache=cache)[:, -1]
+            new = slice(end - 1, end)  # one new token: fixed shapes, whatever the step
+            return step_model(ids[:, new], key_mask=mask[:, new], cache=cache)[:, -1]
+        # Beyond the context (or without a cache) the last C slots, recomputed. FlexAttention
+        # compiles one kernel per length: it gets one length, the slots not yet filled masked
+        # (right padding, which no real query reads).
+        width = min(C, ids.shape[1]) if model.config.kernel == "flex" else min(C, end)
+        start = max(0, end - width)
+        window = slice(start, start + width)
+        return model(ids[:, window], key_mask=mask[:, window])[:, end - start - 1]
+
+    return last_logits
+
+
+def _continuations(ids: torch.Tensor, mask: torch.Tensor, eod_id: int | None) -> list[list[int]]:
+    """Each row's new tokens (the real ones of its new slots ``[B, max_new_tokens]``) up to (not
+    including) its first ``eod_id``: one host copy for the whole batch."""
     out = []
-    for row, real in zip(new_ids.tolist(), new_mask.tolist(), strict=True):
+    for row, real in zip(ids.tolist(), mask.tolist(), strict=True):
         kept = [t for t, r in zip(row, real, strict=True) if r]
-        if eod_id is not None and eod_id in kept:
-            kept = kept[: kept.index(eod_id)]
-        out.append(kept)
+        out.append(kept[: kept.index(eod_id)] if eod_id in kept else kept)  # None is no token
     return out

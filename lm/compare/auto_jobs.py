@@ -91,14 +91,12 @@ def auto_jobs(
     if device.type == "cuda":
         n = max(1, torch.cuda.device_count())
         return n, choices.Choice(str(n), "fallback", why="one job per GPU")
-    if cores < 2:
-        return 1, choices.Choice("1", "fallback", why="one thread to divide")
-    if runs < 2:
-        return 1, choices.Choice("1", "fallback", why="one run to train")
-    if off := choices.not_measuring():
-        return 1, choices.Choice("1", "fallback", why=off)
+    why = "one thread to divide" if cores < 2 else "one run to train" if runs < 2 else ""
+    if why := why or choices.not_measuring():
+        return 1, choices.Choice("1", "fallback", why=why)
     m, t = config.model, config.train
     steps = steps or t.max_steps
+    weigh = weigh or (lambda seconds, step, alone: [1.0] * runs)  # all alike
     micro = t.batch_size // t.accumulation(1)
     batch = (micro, m.context_length if width is None else width)
     context = {
@@ -115,50 +113,56 @@ def auto_jobs(
         str(cores): lambda: _together(m, t, batch, cores),
     }
     weights = None
-    chosen = choices.cached("compare.jobs", context, candidates)
-    if chosen is None:
-        # Kept too: a machine times each shape's step once.
-        timed = choices.choose(
-            "compare.probe", context, {"probe": _probe}, lambda ms: "probe",
-            measure=lambda _: _probe_ms(m, t, batch, cores), cpus_used=cores,
-        )  # fmt: skip
-        every, one = timed.ms_per_step["every"] / 1000, timed.ms_per_step["one"] / 1000
-        # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
-        probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
-        weights = _weighed(one, runs * steps * every, runs, weigh, alone=True)
-        pays, cost = measuring_pays(every, cores, steps, weights)
-        if not pays:
-            when = "now" if timed.how == "measured" else "earlier"
-            note = (
-                f"; side by side timed in this process only ({when}): measuring it in {cores} "
-                f"processes (about {cost:.0f} s) would not pay"
-            )
-            probe = choices.Choice("1", "probed", probed, not_kept=timed.not_kept)
-            return _decide(probe, cores, steps, weights, note)
+    if choices.cached("compare.jobs", context, candidates) is None:
+        weights, decided = _probe_and_weigh(config, batch, context, cores, runs, steps, weigh)
+        if decided:  # measuring side by side would not pay: decided from this process alone
+            return decided
     chosen = choices.choose(
         "compare.jobs", context, candidates, lambda ms: _prefer(ms, cores), measure=_measure,
         cpus_used=cores,
     )  # fmt: skip
-    if weights is None:
+    if weights is None:  # kept: weighed against the pool's step, timed beside the other jobs
         ms = chosen.ms_per_step
         one = ms[str(cores)] * cores / 1000
-        weights = _weighed(one, runs * steps * ms["1"] / 1000, runs, weigh, alone=False)
+        weights = list(weigh(WEIGH_SHARE * (runs * steps * ms["1"] / 1000), one, False))
     return _decide(chosen, cores, steps, weights)
 
 
-def _weighed(
-    step_s: float,
-    sweep_s: float,
+def _probe_and_weigh(
+    config: Config,
+    batch: tuple[int, int],
+    context: dict[str, Any],
+    cores: int,
     runs: int,
-    weigh: Callable[[float, float, bool], Sequence[float]] | None,
-    alone: bool,
-) -> list[float]:
-    """The runs' weights from ``weigh``, given ``WEIGH_SHARE`` of the sweep's time one at a time
-    (``sweep_s``) to time its other models in and the first's step on one thread (``step_s``,
-    ``alone``: timed alone in this process); all alike (1) without it."""
-    if weigh is None:
-        return [1.0] * runs
-    return list(weigh(WEIGH_SHARE * sweep_s, step_s, alone))
+    steps: int,
+    weigh: Callable[[float, float, bool], Sequence[float]],
+) -> tuple[list[float], tuple[int, choices.Choice] | None]:
+    """With no measurement of side by side kept: the runs' weights from a step timed in this
+    process on every core and on one thread (kept too: a machine times each shape's step once),
+    and the decision from these steps alone where measuring side by side would not pay."""
+
+    def measure(_: object) -> dict[str, float]:  # in milliseconds, as the cache keeps them
+        every, one = _probe(config.model, config.train, batch, cores)
+        return {"every": round(1000 * every, 3), "one": round(1000 * one, 3)}
+
+    timed = choices.choose(
+        "compare.probe", context, {"probe": _probe}, lambda ms: "probe", measure=measure,
+        cpus_used=cores,
+    )  # fmt: skip
+    every, one = timed.ms_per_step["every"] / 1000, timed.ms_per_step["one"] / 1000
+    # Unmeasured, jobs side by side are taken to run at one thread's speed alone.
+    probed = {"1": 1000 * every, str(cores): 1000 * one / cores, "start": 1000 * _start()}
+    weights = list(weigh(WEIGH_SHARE * (runs * steps * every), one, True))
+    pays, cost = measuring_pays(every, cores, steps, weights)
+    if pays:
+        return weights, None
+    when = "now" if timed.how == "measured" else "earlier"
+    note = (
+        f"; side by side timed in this process only ({when}): measuring it in {cores} "
+        f"processes (about {cost:.0f} s) would not pay"
+    )
+    probe = choices.Choice("1", "probed", probed, not_kept=timed.not_kept)
+    return weights, _decide(probe, cores, steps, weights, note)
 
 
 def _decide(
@@ -324,14 +328,6 @@ def _probe(
         return every, _timed(step)
     finally:
         torch.set_num_threads(before)
-
-
-def _probe_ms(
-    model: ModelConfig, train: TrainConfig, batch: tuple[int, int], cores: int
-) -> dict[str, float]:
-    """:func:`_probe`'s two steps in milliseconds, as the cache keeps them."""
-    every, one = _probe(model, train, batch, cores)
-    return {"every": round(1000 * every, 3), "one": round(1000 * one, 3)}
 
 
 def step_weights(
