@@ -11,9 +11,9 @@ from typing import Any
 
 from lm.compare.diagnostics import token_text
 from lm.config.errors import LMError
-from lm.config.names import task_of
+from lm.config.names import Place, task_of
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
-from lm.evaluate import EVAL_FILE
+from lm.evaluate import EVAL_FILE, PASSKEY_SUCCESS
 from lm.explorer import maps as measure
 from lm.explorer.signal import signal_charts, undrawn
 from lm.runs.checkpoint import complete_checkpoints, read_state
@@ -131,8 +131,9 @@ def _describe(run: LoadedRun, name: str) -> dict[str, Any]:
         "name": name,
         "scheme": c.position_text,
         "normalize": c.normalize,
-        "layers": c.n_layer,
-        "heads": c.n_head,
+        "bias": any(r.place is Place.SCORES for r in c.rows),
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
         "context": c.context_length,
         "step": run.step,
     }
@@ -224,7 +225,7 @@ def passkey_grid(run: LoadedRun) -> dict[str, Any] | None:
             raise ValueError
     except (OSError, ValueError, KeyError, TypeError):
         return {"note": f"{path}: not a passkey grid lm eval wrote; lm eval {run.run_dir} again"}
-    return {"rows": rows, "k_max": found.get("k_max"), "step": step}
+    return {"rows": rows, "k_max": found.get("k_max"), "success": PASSKEY_SUCCESS, "step": step}
 
 
 def run_page(

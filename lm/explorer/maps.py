@@ -20,7 +20,7 @@ from lm.model.transformer import TransformerLM
 
 DECIMALS = 4
 """Digits of every weight the page holds and shows."""
-SCORE_DECIMALS = 2
+SCORE_DECIMALS = 3
 """Digits of every signed score ``S + B + M`` the page holds and shows."""
 PROBE = 32
 """Random tokens in :func:`head_grid`'s probe, written twice (fewer where the context is short)."""
