@@ -823,22 +823,22 @@ def test_every_figure_downloads_as_a_valid_svg_and_a_png(runs, browser):
         "canvas.big, svg.linechart, svg.barchart, svg.headgrid, canvas.longmap", "f => f.length"
     )
     assert buttons == figures  # a pair of buttons per figure
-    name, svg = _downloaded(page, ".panel:nth-child(1) h3 button.dl[data-kind=svg]")
+    name, svg = _downloaded(page, ".panel:nth-child(1) .fighead button.dl[data-kind=svg]")
     root = ET.fromstring(svg)
     assert name == "attention-L0-H0-step8.svg" and root.tag == f"{SVG}svg"
     assert len(root.findall(f".//{SVG}rect[@class='cell']")) == T * (T + 1) // 2
     texts = [t.text for t in root.iter(f"{SVG}text")]
     assert texts[0].startswith("Attention A = softmax_row(S + M): layer 0, head 0") and "1" in texts
-    name, svg = _downloaded(page, ".panel:nth-child(3) h3 button.dl[data-kind=svg]")
+    name, svg = _downloaded(page, ".panel:nth-child(3) .fighead button.dl[data-kind=svg]")
     root = ET.fromstring(svg)
     assert name == "heads-previous-token-step8.svg"
     assert len(root.findall(f".//{SVG}rect[@class='hcell']")) == 4
     assert {"L0", "L1", "H0", "H1"} <= {t.text for t in root.iter(f"{SVG}text")}
-    _, svg = _downloaded(page, ".chart.signal h3 button.dl[data-kind=svg]")
+    _, svg = _downloaded(page, ".chart.signal .fighead button.dl[data-kind=svg]")
     root = ET.fromstring(svg)
     assert len(root.findall(f".//{SVG}path")) == 1 and root.find(f"{SVG}style") is not None
     assert "distance n" in {t.text for t in root.iter(f"{SVG}text")}
-    name, png = _downloaded(page, ".panel:nth-child(2) h3 button.dl[data-kind=png]")
+    name, png = _downloaded(page, ".panel:nth-child(2) .fighead button.dl[data-kind=png]")
     assert name.endswith(".png") and png[:8] == b"\x89PNG\r\n\x1a\n"
     assert opened.errors == []
     assert [u for u in opened.requests if u.startswith(("http", "ws"))] == []
@@ -894,7 +894,7 @@ def test_a_passkey_runs_page_draws_lm_evals_grid_and_k_max(tmp_path, browser, ca
         want += [f"{round(100 * c['accuracy'])}%" for c in r["depths"]]
     assert texts == want and want[4:6] == ["64 (1x)", want[5]]
     assert len(page.query_selector_all("svg.passkey rect.pcell")) == 2 * 3
-    _, svg = _downloaded(page, ".panel:has(svg.passkey) h3 button.dl[data-kind=svg]")
+    _, svg = _downloaded(page, ".panel:has(svg.passkey) .fighead button.dl[data-kind=svg]")
     import xml.etree.ElementTree as ET
 
     assert len(ET.fromstring(svg).findall(f".//{SVG}rect[@class='pcell']")) == 6

@@ -79,15 +79,20 @@ const SVG_CSS = "text { font: 11px sans-serif; fill: #57606a; } .title { font-si
   " .axis { stroke: #8c959f; } .gridline { stroke: #eaeef2; } path.series { fill: none; stroke-width: 1.6; }" +
   " path.series.on { stroke-width: 3; } .cursor { display: none; }";
 
-// A standalone SVG document of `body` (an svg with a viewBox) under a title, on white.
-function svgFile(body, title) {
-  const [, , W, H] = body.getAttribute("viewBox").split(" ").map(Number), top = 24;
-  const root = el("svg:svg", { xmlns: SVGNS, width: W, height: H + top, viewBox: `0 0 ${W} ${H + top}` },
-    el("svg:style", { text: SVG_CSS }), el("svg:rect", { width: W, height: H + top, fill: "#fff" }),
+// A standalone SVG document of `body` (an svg with a viewBox) under a title, on white; `keys`,
+// [label, colour] pairs, the lines' or bars' legend below it.
+function svgFile(body, title, keys = []) {
+  const [, , W, H] = body.getAttribute("viewBox").split(" ").map(Number), top = 24, low = keys.length * 16;
+  const root = el("svg:svg", { xmlns: SVGNS, width: W, height: H + top + low, viewBox: `0 0 ${W} ${H + top + low}` },
+    el("svg:style", { text: SVG_CSS }), el("svg:rect", { width: W, height: H + top + low, fill: "#fff" }),
     el("svg:text", { class: "title", x: 4, y: 16, text: title }));
   const inner = el("svg:g", { transform: `translate(0 ${top})` });
   for (const kid of body.childNodes) inner.append(kid.cloneNode(true));
   root.append(inner);
+  keys.forEach(([label, colour], i) => {
+    const y = H + top + i * 16 + 8;
+    root.append(el("svg:rect", { x: 8, y: y - 4, width: 14, height: 4, fill: colour }), el("svg:text", { x: 28, y: y + 2, text: label }));
+  });
   return root;
 }
 
@@ -142,7 +147,7 @@ function downloads(name, make) {
   pngButton.addEventListener("click", () => savePng(file, make()));
   return el("span", { class: "downloads" }, svgButton, pngButton);
 }
-function figureTitle(text, name, make) { return el("h3", {}, text + " ", downloads(name, make)); }
+function figureTitle(text, name, make) { return el("div", { class: "fighead" }, el("h3", { text }), downloads(name, make)); }
 
 function ticks(lo, hi, count) {
   if (hi === lo) { hi = lo + 1; }
@@ -202,7 +207,8 @@ function lineChart(chart, opts) {
   svg.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); hideTip(); });
   const legend = el("div", { class: "legend" });
   if (shown.length > 1) shown.forEach((s, i) => legend.append(el("span", {}, el("i", { style: `background:${COLORS[i % COLORS.length]}` }), s.label)));
-  const file = () => svgFile(svg, chart.title + (legend.textContent ? ": " + shown.map((s) => s.label).join(", ") : ""));
+  const keys = shown.length > 1 ? shown.map((s, i) => [s.label, COLORS[i % COLORS.length]]) : [];
+  const file = () => svgFile(svg, chart.title, keys);
   return el("div", { class: "chart " + (opts.kind || "") }, figureTitle(chart.title, chart.title, file), svg, legend);
 }
 
@@ -232,7 +238,7 @@ function barChart(title, labels, series, ylabel) {
   svg.append(el("svg:text", { x: 10, y: (H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 10 ${(H - B) / 2})`, text: ylabel }));
   const legend = el("div", { class: "legend" });
   series.forEach((s, i) => legend.append(el("span", {}, el("i", { style: `background:${COLORS[i % COLORS.length]}` }), s.label)));
-  const file = () => svgFile(svg, title + ": " + series.map((s) => s.label).join(", "));
+  const file = () => svgFile(svg, title, series.map((s, i) => [s.label, COLORS[i % COLORS.length]]));
   return el("div", { class: "chart" }, figureTitle(title, title, file), svg, legend);
 }
 
