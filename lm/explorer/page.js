@@ -99,7 +99,7 @@ function svgFile(body, title, keys = []) {
 // A lower-triangular map as SVG: a grey square (masked), a rect per cell on and below the
 // diagonal; the legend (legendSvg) below it.
 function mapSvg(n, colourAt, legend) {
-  const c = Math.max(2, Math.floor(384 / n)), size = n * c, lh = 40;
+  const c = Math.max(2, Math.floor(384 / n)), size = n * c, lh = 46;
   const svg = el("svg:svg", { viewBox: `0 0 ${Math.max(size, 320)} ${size + lh}` },
     el("svg:rect", { class: "masked", width: size, height: size, fill: css(MASKED) }));
   for (let q = 0; q < n; q++) for (let k = 0; k <= q; k++) {
@@ -113,10 +113,10 @@ function mapSvg(n, colourAt, legend) {
 
 // A colour bar: colour(t) for t from 0 to 1, three labels under it (left, middle, right).
 function legendSvg(colour, labels, caption) {
-  const W = 320, svg = el("svg:svg", { viewBox: `0 0 ${W} 36`, class: "legendbar", style: `width: ${W}px` });
+  const W = 320, svg = el("svg:svg", { viewBox: `0 0 ${W} 40`, class: "legendbar", style: `width: ${W}px` });
   for (let i = 0; i < 52; i++) svg.append(el("svg:rect", { x: 4 + i * 4, y: 2, width: 4.5, height: 10, fill: css(colour(i / 51)) }));
   labels.forEach((t, i) => svg.append(el("svg:text", { x: 4 + i * 104, y: 24, "text-anchor": ["start", "middle", "end"][i], text: t })));
-  svg.append(el("svg:text", { x: 4, y: 35, text: caption }));
+  svg.append(el("svg:text", { x: 4, y: 36, text: caption }));
   return svg;
 }
 const WEIGHT_LEGEND = () => legendSvg((t) => shade(Math.sqrt(t)), ["0", "0.25", "1"], "attention weight (colour: √weight); grey: masked");
