@@ -55,7 +55,7 @@ STEPS = {"max_steps": 8, "eval_every": 4, "eval_steps": 1, "checkpoint_every": 8
 def _train(root: Path, name: str, **sections) -> Path:
     model = {**SHAPE, **sections.pop("model", {})}
     data = {"cache_dir": str(root / "cache"), **sections.pop("data", {})}
-    config = tiny_config(model=model, data=data, train=STEPS)
+    config = tiny_config(model=model, data=data, train={**STEPS, **sections.pop("train", {})})
     lm.train(config, root / name, quiet=True)
     return root / name
 
@@ -81,6 +81,8 @@ def runs(tmp_path_factory):
             "task_eval_examples": 2,
         },
     )
+    # Four checkpoints, steps 2, 4, 6 and 8, for the scrubber.
+    made["scrub"] = _train(root, "scrub", train={"checkpoint_every": 2, "keep_checkpoints": 8})
     compared = [str(made[p]) for p in ("rope", "alibi", "fox")]
     argv = ["compare", *compared, "--out", str(root / "compare"), "--quiet", "--eval-batches", "1"]
     assert main([*argv, "--max-new-tokens", "4"]) == 0
@@ -126,11 +128,18 @@ def _open(browser, url: str) -> Opened:
     return seen
 
 
-def _weights(run_dir: Path, text: str) -> np.ndarray:
-    """lm's own attention weights of ``text``, ``[layers, heads, T, T]``."""
-    run = load_run(run_dir)
+def _maps(run_dir: Path, text: str, checkpoint: str | None = None) -> tuple[np.ndarray, ...]:
+    """lm's own scores ``S + B + M`` and attention weights of ``text`` (at ``checkpoint``,
+    default the newest), ``[layers, heads, T, T]`` each."""
+    run = load_run(run_dir, checkpoint)
     ids = torch.tensor([run.tokenizer.encode(text)])
-    return np.stack([w[0].double().numpy() for _, w in run.model.attention_weights(ids)])
+    both = run.model.attention_weights(ids)
+    return tuple(np.stack([pair[i][0].double().numpy() for pair in both]) for i in (0, 1))
+
+
+def _weights(run_dir: Path, text: str, checkpoint: str | None = None) -> np.ndarray:
+    """lm's own attention weights of ``text``, ``[layers, heads, T, T]``."""
+    return _maps(run_dir, text, checkpoint)[1]
 
 
 def _shown_weights(page, run: int, layer: int, head: int, query: int) -> list[str | None]:
@@ -570,6 +579,13 @@ def test_serve_on_a_port_in_use_is_one_line_exit_2(runs, capsys):
         (["{compare}", "--prompt", "ab", "--serve"], ["--serve: serves one run"]),
         (["{compare}", "--serve"], ["--serve: serves one run"]),  # not first asking a prompt
         (["{rope}", "--prompt", "ab", "--serve", "--host", "0.0.0.0"], ["not a loopback"]),
+        (
+            ["{scrub}", "--prompt", "ab", "--steps", "4,3"],
+            ["--steps: no checkpoint at step 3", "checkpoints at steps 2, 4, 6, 8"],
+        ),
+        (["{rope}", "--prompt", "ab", "--steps", "2,x"], ["--steps", "not steps such as"]),
+        (["{compare}", "--steps", "8"], ["--steps: a run's page scrubs its checkpoints"]),
+        (["{rope}", "--prompt", "ab", "--serve", "--steps", "8"], ["--steps: --serve shows"]),
         (["{rope}", "--prompt", "ab", "--serve", "--host", "8.8.8.8"], ["not a loopback"]),
     ],
 )
@@ -641,3 +657,246 @@ def test_the_default_runs_page_for_a_128_character_prompt_is_at_most_5_mb(runs):
     with pytest.raises(LMError) as refused:
         lm.view(runs.root / "nowhere", "ab")
     assert_one_line(refused, "no such run or comparison")
+
+
+def _head_pattern(T: int, n: int, layers: int, heads: int) -> np.ndarray:
+    """Hand-built weights over a probe of ``n`` tokens written twice (``T = 2n``): layer 0's
+    head 0 reads the previous token, head 1 the token after the earlier copy (induction); layer
+    1's head 0 the earlier copy (duplicate), head 1 the first token."""
+    A = np.zeros((layers, heads, T, T))
+    A[:, :, 0, 0] = 1
+    for i in range(1, T):
+        A[0, 0, i, i - 1] = 1
+        A[0, 1, i, i - n + 1 if i >= n else 0] = 1
+        A[1, 0, i, i - n if i >= n else i] = 1
+        A[1, 1, i, 0] = 1
+    return A
+
+
+def test_head_grid_scores_each_head_on_a_probe_written_twice(monkeypatch):
+    from lm.explorer import maps
+
+    model = _untrained(n_head=2, n_layer=2, context_length=16)
+    seen = []
+
+    def built(model, ids):
+        seen.append(ids)
+        return _head_pattern(len(ids), len(ids) // 2, 2, 2)
+
+    monkeypatch.setattr(maps, "attention_maps", built)
+    tokenizer = SimpleNamespace(pad_id=0, eod_id=1, vocab_size=model.config.vocab_size,
+                                tokenizer=SimpleNamespace(token_to_id=lambda name: 2))  # fmt: skip
+    grid = maps.head_grid(model, tokenizer, seed=7)
+    n = 8  # min(PROBE, context // 2)
+    assert len(seen) == maps.PROBES and all(len(ids) == 2 * n for ids in seen)
+    assert all(ids[:n] == ids[n:] and not {0, 1, 2} & set(ids) for ids in seen)
+    assert len({tuple(i) for i in seen}) == maps.PROBES
+    # (the induction head's and the first-token head's query 1 reads key 0, the previous one)
+    once = pytest.approx(1 / (2 * n - 1), abs=1e-4)
+    assert grid["previous_token"] == [[1.0, once], [0.0, once]]
+    assert grid["induction"] == [[0.0, 1.0], [0.0, 0.0]]
+    assert grid["duplicate_token"] == [[0.0, 0.0], [1.0, 1 / n]]  # query n reads key 0 = n - n
+    assert grid["first_token"][1][1] == 1.0 and grid["first_token"][0][0] == once
+    # The probe is the seed's: the same again, another seed another.
+    again = []
+    monkeypatch.setattr(maps, "attention_maps", lambda m, ids: again.append(ids) or built(m, ids))
+    maps.head_grid(model, tokenizer, seed=7)
+    maps.head_grid(model, tokenizer, seed=8)
+    assert again[: maps.PROBES] == seen[: maps.PROBES] and again[maps.PROBES :] != seen
+
+
+def test_the_default_choice_of_checkpoints_is_at_most_8_evenly_with_the_first_and_last(tmp_path):
+    from lm.explorer.gather import MAX_STEPS, chosen_checkpoints
+
+    for step in range(10, 130, 10):  # 12 checkpoints
+        folder = tmp_path / "checkpoints" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        (folder / "state.json").write_text(json.dumps({"step": step}))
+        (folder / "model.safetensors").write_bytes(b"")
+    chosen = [int(p.name[5:]) for p in chosen_checkpoints(tmp_path, None)]
+    assert chosen == [10, 30, 40, 60, 70, 90, 100, 120] and len(chosen) == MAX_STEPS
+    assert [int(p.name[5:]) for p in chosen_checkpoints(tmp_path, [120, 20, 20])] == [20, 120]
+
+
+def _pixels(page, selector: str) -> str:
+    return page.eval_on_selector(selector, "c => c.toDataURL()")
+
+
+def _scrub_to(page, index: int) -> None:
+    page.eval_on_selector(
+        "#step", "(s, i) => { s.value = i; s.dispatchEvent(new Event('input')); }", index
+    )
+
+
+def test_the_scrubber_moves_maps_scores_and_head_grid_through_the_checkpoints(runs, browser):
+    opened = _open(browser, _page(runs, "scrub").as_uri())
+    page = opened.page
+    assert page.get_attribute("#step", "max") == "3"  # steps 2, 4, 6, 8
+    assert page.text_content("#steplabel") == "step 8"
+    _check_hover(page, 0, _weights(runs.scrub, PROMPT))
+    last = [_pixels(page, c) for c in ("canvas.big:not(.scores)", "canvas.scores")]
+    cells = page.eval_on_selector_all(".headgrid .hcell", "cs => cs.map(c => c.dataset.value)")
+    _scrub_to(page, 0)
+    assert page.text_content("#steplabel") == "step 2"
+    assert "step 2" in page.text_content(".run .panel h3")
+    first = [_pixels(page, c) for c in ("canvas.big:not(.scores)", "canvas.scores")]
+    assert first[0] != last[0] and first[1] != last[1]
+    assert (
+        page.eval_on_selector_all(".headgrid .hcell", "cs => cs.map(c => c.dataset.value)") != cells
+    )
+    # The maps at step 2 are that checkpoint's own, as lm computes them.
+    _check_hover(page, 0, _weights(runs.scrub, PROMPT, "step_00000002"))
+    assert opened.errors == []
+    page.close()
+    named = runs.root / "scrub-6-2.html"
+    argv = ["view", str(runs.scrub), "--prompt", PROMPT, "--steps", "6,2", "--out", str(named)]
+    assert main(argv) == 0
+    held = json.loads(re.search(r'id="lm-data">(.*?)</script>', named.read_text(), re.S).group(1))
+    assert [c["step"] for c in held["runs"][0]["checkpoints"]] == [2]
+    assert held["runs"][0]["step"] == 6
+    opened = _open(browser, named.as_uri())
+    assert opened.page.get_attribute("#step", "max") == "1"
+    assert opened.page.text_content("#steplabel") == "step 6"  # the last named step first
+    _check_hover(opened.page, 0, _weights(runs.scrub, PROMPT, "step_00000006"))
+    assert opened.errors == []
+    opened.page.close()
+
+
+def _shown_score(page, T: int, q: int, k: int) -> str:
+    box = page.query_selector("canvas.scores").bounding_box()
+    x, y = box["x"] + (k + 0.5) * box["width"] / T, box["y"] + (q + 0.5) * box["height"] / T
+    page.mouse.move(x, y)
+    return page.text_content("#tip").split("score ")[-1]
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+def test_the_signed_score_panel_shows_lms_scores_diverging_about_zero(runs, browser, name):
+    opened = _open(browser, _page(runs, name).as_uri())
+    page = opened.page
+    scores, _ = _maps(getattr(runs, name), PROMPT)
+    L, H, T, _ = scores.shape
+    page.select_option("#layer", str(L - 1))
+    page.select_option("#head", str(H - 1))
+    title = page.text_content(".panel:nth-child(2) h3")
+    assert ("S + B + M" if name == "alibi" else "S + M before softmax") in title
+    for q, k in ((T - 1, 0), (T // 2, T // 2 - 1), (3, 3)):
+        shown = float(_shown_score(page, T, q, k))
+        assert shown == pytest.approx(scores[L - 1, H - 1, q, k], abs=0.5e-3 + 1e-9)
+    assert _shown_score(page, T, 2, 5) == "masked"
+    # Colour: red above 0, blue below, the legend's scale the head's largest |score|.
+    row = scores[L - 1, H - 1]
+    m = np.abs(row[np.tril_indices(T)]).max()
+    legend = page.eval_on_selector_all(
+        ".panel:nth-child(2) .legendbar text", "t => t.map(x => x.textContent)"
+    )
+    assert float(legend[2]) == pytest.approx(m, abs=0.5e-3) and float(legend[0]) == -float(
+        legend[2]
+    )
+    q, k = np.unravel_index(np.argmax(np.where(np.tri(T) > 0, row, -np.inf)), row.shape)
+    rgb = page.eval_on_selector(
+        "canvas.scores",
+        "(c, qk) => [...c.getContext('2d').getImageData(qk[1], qk[0], 1, 1).data]",
+        [int(q), int(k)],
+    )
+    assert rgb[0] > rgb[2]  # the largest score is red
+    assert opened.errors == []
+    page.close()
+
+
+def _downloaded(page, selector: str) -> tuple[str, bytes]:
+    with page.expect_download() as got:
+        page.click(selector)
+    return got.value.suggested_filename, Path(got.value.path()).read_bytes()
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_every_figure_downloads_as_a_valid_svg_and_a_png(runs, browser):
+    import xml.etree.ElementTree as ET
+
+    opened = _open(browser, _page(runs, "rope").as_uri())
+    page = opened.page
+    T = len(load_run(runs.rope).tokenizer.encode(PROMPT))
+    buttons = page.eval_on_selector_all("button.dl[data-kind=svg]", "b => b.length")
+    figures = page.eval_on_selector_all(
+        "canvas.big, svg.linechart, svg.barchart, svg.headgrid, canvas.longmap", "f => f.length"
+    )
+    assert buttons == figures  # a pair of buttons per figure
+    name, svg = _downloaded(page, ".panel:nth-child(1) .fighead button.dl[data-kind=svg]")
+    root = ET.fromstring(svg)
+    assert name == "attention-L0-H0-step8.svg" and root.tag == f"{SVG}svg"
+    assert len(root.findall(f".//{SVG}rect[@class='cell']")) == T * (T + 1) // 2
+    texts = [t.text for t in root.iter(f"{SVG}text")]
+    assert texts[0].startswith("Attention A = softmax_row(S + M): layer 0, head 0") and "1" in texts
+    name, svg = _downloaded(page, ".panel:nth-child(3) .fighead button.dl[data-kind=svg]")
+    root = ET.fromstring(svg)
+    assert name == "heads-previous-token-step8.svg"
+    assert len(root.findall(f".//{SVG}rect[@class='hcell']")) == 4
+    assert {"L0", "L1", "H0", "H1"} <= {t.text for t in root.iter(f"{SVG}text")}
+    _, svg = _downloaded(page, ".chart.signal .fighead button.dl[data-kind=svg]")
+    root = ET.fromstring(svg)
+    assert len(root.findall(f".//{SVG}path")) == 1 and root.find(f"{SVG}style") is not None
+    assert "distance n" in {t.text for t in root.iter(f"{SVG}text")}
+    name, png = _downloaded(page, ".panel:nth-child(2) .fighead button.dl[data-kind=png]")
+    assert name.endswith(".png") and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert opened.errors == []
+    assert [u for u in opened.requests if u.startswith(("http", "ws"))] == []
+    page.close()
+
+
+def test_clicking_a_head_in_the_grid_opens_its_maps(runs, browser):
+    opened = _open(browser, _page(runs, "alibi").as_uri())
+    page = opened.page
+    data = json.loads(page.text_content("#lm-data"))["runs"][0]["heads"]
+    shown = page.eval_on_selector_all(".headgrid .hcell", "cs => cs.map(c => +c.dataset.value)")
+    assert shown == [v for row in data["previous_token"] for v in row]
+    page.select_option("#headscore", "induction")
+    shown = page.eval_on_selector_all(".headgrid .hcell", "cs => cs.map(c => +c.dataset.value)")
+    assert shown == [v for row in data["induction"] for v in row]
+    page.click('.headgrid .hcell[data-layer="1"][data-head="0"]')
+    assert page.input_value("#layer") == "1" and page.input_value("#head") == "0"
+    assert page.get_attribute("canvas.big:not(.scores)", "data-layer") == "1"
+    assert page.get_attribute("canvas.scores", "data-head") == "0"
+    assert page.input_value("#headscore") == "induction"  # the chosen score stays
+    assert opened.errors == []
+    page.close()
+
+
+def test_a_passkey_runs_page_draws_lm_evals_grid_and_k_max(tmp_path, browser, capsys):
+    run = _train(
+        tmp_path,
+        "passkey",
+        model={"context_length": 64},
+        data={"source": "builtin:passkey", "mode": "padded", "task_examples": 60,
+              "task_eval_examples": 2, "passkey_lengths": "1x,2x", "passkey_depths": 3},
+        train={"max_steps": 2, "eval_every": 0, "checkpoint_every": 2},
+    )  # fmt: skip
+    prompt = "The pass key is"
+    before = tmp_path / "before.html"
+    assert main(["view", str(run), "--prompt", prompt, "--out", str(before)]) == 0
+    assert main(["eval", str(run)]) == 0
+    capsys.readouterr()
+    saved = json.loads((run / "eval.json").read_text())
+    out = tmp_path / "after.html"
+    assert main(["view", str(run), "--prompt", prompt, "--out", str(out)]) == 0
+    opened = _open(browser, before.as_uri())
+    assert f"lm eval {run} measures the passkey grid" in opened.page.text_content(".note")
+    opened.page.close()
+    opened = _open(browser, out.as_uri())
+    page = opened.page
+    found = "none" if saved["k_max"] is None else saved["k_max"]
+    assert f"k_max {found} (lm eval, step 2)" in page.text_content(".panel:has(svg.passkey) h3")
+    texts = page.eval_on_selector_all("svg.passkey text", "t => t.map(x => x.textContent)")
+    want = ["depth of the key", "0%", "50%", "100%"]
+    for r in saved["accuracy"]:
+        want += [f"{r['length']}{' (1x)' if r['trained'] else ''}"]
+        want += [f"{round(100 * c['accuracy'])}%" for c in r["depths"]]
+    assert texts == want and want[4:6] == ["64 (1x)", want[5]]
+    assert len(page.query_selector_all("svg.passkey rect.pcell")) == 2 * 3
+    _, svg = _downloaded(page, ".panel:has(svg.passkey) .fighead button.dl[data-kind=svg]")
+    import xml.etree.ElementTree as ET
+
+    assert len(ET.fromstring(svg).findall(f".//{SVG}rect[@class='pcell']")) == 6
+    assert opened.errors == []
+    page.close()

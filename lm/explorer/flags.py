@@ -25,6 +25,17 @@ def port(text: str) -> int:
     return value
 
 
+def steps(text: str) -> list[int]:
+    """``--steps``: checkpoints' steps, comma-separated (``100,500,2000``)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not steps such as 100,500,2000") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: a step is 0 or more")
+    return values
+
+
 def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
     v = sub.add_parser(
         "view",
@@ -41,6 +52,12 @@ def add_view_parser(sub: argparse._SubParsersAction, device_help: str) -> None:
         "--overwrite",
         action="store_true",
         help="replace --out even when lm view did not write it (never a run's own file)",
+    )
+    v.add_argument(
+        "--steps",
+        type=steps,
+        help="a run's checkpoints to scrub through, by step (100,500,2000; default: every one, "
+        "at most 8 evenly chosen); the page opens at the last",
     )
     v.add_argument(
         "--serve",
@@ -69,9 +86,11 @@ def view_command(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device, "--device"))
     prompt = None if args.prompt is None else checked_text(args.prompt, "--prompt")
     if not args.serve:
-        print(write_page(args.path, prompt, args.out, device, args.overwrite))
+        print(write_page(args.path, prompt, args.out, device, args.overwrite, args.steps))
         return 0
     if args.out is not None:
         raise LMError("--out: --serve writes nothing; give one or the other")
+    if args.steps is not None:
+        raise LMError("--steps: --serve shows the newest checkpoint; write the page to scrub")
     serve(args.path, prompt, args.host, args.port, device)
     return 0

@@ -11,10 +11,12 @@ from typing import Any
 
 from lm.compare.diagnostics import token_text
 from lm.config.errors import LMError
-from lm.config.names import task_of
+from lm.config.names import Place, task_of
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
+from lm.evaluate import EVAL_FILE, PASSKEY_SUCCESS
 from lm.explorer import maps as measure
 from lm.explorer.signal import signal_charts, undrawn
+from lm.runs.checkpoint import complete_checkpoints, read_state
 from lm.runs.directory import CONFIG
 from lm.runs.load import LoadedRun, load_run
 from lm.runtime.device import seeded_draws
@@ -129,8 +131,9 @@ def _describe(run: LoadedRun, name: str) -> dict[str, Any]:
         "name": name,
         "scheme": c.position_text,
         "normalize": c.normalize,
-        "layers": c.n_layer,
-        "heads": c.n_head,
+        "bias": any(r.place is Place.SCORES for r in c.rows),
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
         "context": c.context_length,
         "step": run.step,
     }
@@ -146,7 +149,7 @@ def prompt_view(run: LoadedRun, text: str, long: bool = True) -> dict[str, Any]:
 
 
 def _prompt_view(run: LoadedRun, text: str, ids: list[int], long: bool) -> dict[str, Any]:
-    maps = measure.attention_maps(run.model, ids)
+    scores, maps = measure.both_maps(run.model, ids)
     C = run.config.model.context_length
     if any(r.table for r in run.config.model.rows):
         reach, view = ids, {"note": f"a learned position table stops at {C} positions: no 4x view"}
@@ -159,24 +162,89 @@ def _prompt_view(run: LoadedRun, text: str, ids: list[int], long: bool) -> dict[
         "prompt": text,
         "tokens": [token_text(run.tokenizer, i) for i in ids],
         "weights": measure.rows(maps),
+        "scores": measure.signed_rows(scores),
+        "heads": measure.head_grid(run.model, run.tokenizer, run.config.train.seed),
         "signals": signal_charts(run.model, ids, reach, maps),
         "undrawn": undrawn(run.model),
         "long": view,
     }
 
 
+SCRUBBED = ("weights", "scores", "heads", "signals")
+"""What the page's scrubber moves through training: the maps at the prompt's length (never the
+4x view), the head grid, the signal."""
+MAX_STEPS = 8
+"""Checkpoints a page holds unless ``--steps`` names them: every one up to this many, else this
+many evenly chosen, the first and the last among them."""
+
+
+def chosen_checkpoints(run_dir: Path, steps: list[int] | None) -> list[Path]:
+    """The checkpoints a run's page scrubs through, oldest first: those ``steps`` names (one line
+    naming the steps there are when one has none), else :data:`MAX_STEPS` of them, evenly."""
+    found = {read_state(p)["step"]: p for p in complete_checkpoints(run_dir)}
+    if steps is None:
+        kept = sorted(found)
+        if len(kept) > MAX_STEPS:  # evenly over the list, the first and the last kept
+            kept = [kept[round(i * (len(kept) - 1) / (MAX_STEPS - 1))] for i in range(MAX_STEPS)]
+        return [found[s] for s in kept]
+    missing = [s for s in steps if s not in found]
+    if missing:
+        there = ", ".join(map(str, sorted(found))) or "none"
+        raise LMError(
+            f"--steps: no checkpoint at step {', '.join(map(str, missing))} in {run_dir}; "
+            f"the run has checkpoints at steps {there}"
+        )
+    return [found[s] for s in sorted(set(steps))]
+
+
+def checkpoint_views(run: LoadedRun, text: str, others: list[Path]) -> list[dict[str, Any]]:
+    """:data:`SCRUBBED` of the prompt at each of ``others`` (checkpoints of ``run``'s folder),
+    with the step it had trained."""
+    views = []
+    for path in others:
+        earlier = load_run(run.run_dir, path, str(next(run.model.parameters()).device))
+        view = prompt_view(earlier, text, long=False)
+        views.append({"step": earlier.step, **{k: view[k] for k in SCRUBBED}})
+    return views
+
+
+def passkey_grid(run: LoadedRun) -> dict[str, Any] | None:
+    """A passkey run's accuracy grid by length and depth and its k_max, as ``lm eval`` last
+    wrote them to the run's eval.json (``rows``, ``k_max``, ``step``), or a ``note`` saying how to
+    have them; None for any other run. (Not computed here: the grid asks every depth at every
+    length up to past the context, minutes on a CPU.)"""
+    if task_of(run.config.data.source) != "passkey" or run.run_dir is None:
+        return None
+    path = run.run_dir / EVAL_FILE
+    if not path.is_file():
+        return {"note": f"no {EVAL_FILE} yet: lm eval {run.run_dir} measures the passkey grid"}
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        rows, step = found["accuracy"], int(found["step"])
+        if not (isinstance(rows, list) and rows and all("depths" in r for r in rows)):
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"note": f"{path}: not a passkey grid lm eval wrote; lm eval {run.run_dir} again"}
+    return {"rows": rows, "k_max": found.get("k_max"), "success": PASSKEY_SUCCESS, "step": step}
+
+
 def run_page(
-    run: LoadedRun, text: str, name: str, task: list[dict[str, Any]] | None = None
+    run: LoadedRun,
+    text: str,
+    name: str,
+    task: list[dict[str, Any]] | None = None,
+    steps: list[int] | None = None,
 ) -> dict[str, Any]:
-    """A run's page data (``task``: its :func:`task_examples`, if already gathered)."""
+    """A run's page data (``task``: its :func:`task_examples`, if already gathered), with the
+    maps at the checkpoints before ``run``'s that ``steps`` names (default
+    :func:`chosen_checkpoints`' choice) for the scrubber."""
     view = prompt_view(run, text)  # the prompt checked before the examples' slow work
     task = task_examples(run) if task is None else task
-    return {
-        "kind": "run",
-        "title": name,
-        "runs": [{**_describe(run, name), **view, "task": task}],
-        "curves": [],
-    }
+    chosen = [] if run.run_dir is None else chosen_checkpoints(run.run_dir, steps)
+    others = [p for p in chosen if read_state(p)["step"] < run.step]
+    described = {**_describe(run, name), **view, "task": task, "passkey": passkey_grid(run)}
+    described["checkpoints"] = checkpoint_views(run, text, others)
+    return {"kind": "run", "title": name, "runs": [described], "curves": []}
 
 
 def _report(compare_dir: Path) -> dict[str, Any]:

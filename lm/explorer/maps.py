@@ -1,5 +1,7 @@
 """A run's attention maps over a text, and what the page measures of them: each head's entropy,
-the histogram of attended distances, and maps pooled small enough to draw at 4x the context.
+the histogram of attended distances, maps pooled small enough to draw at 4x the context, the
+signed scores before normalization, and each head's scores on a repeated probe (induction heads:
+Olsson et al. 2022, "In-context Learning and Induction Heads").
 
 The maps are ``lm``'s own numbers: the notes' ``A = softmax_row(S + M)`` (or the run's
 ``model.normalize``) through the explicit kernel, read from the model in :func:`attention_maps`,
@@ -13,19 +15,69 @@ import base64
 import numpy as np
 import torch
 
+from lm.data.tokenizer import UNK, TextTokenizer
 from lm.model.transformer import TransformerLM
 
 DECIMALS = 4
 """Digits of every weight the page holds and shows."""
+SCORE_DECIMALS = 3
+"""Digits of every signed score ``S + B + M`` the page holds and shows."""
+PROBE = 32
+"""Random tokens in :func:`head_grid`'s probe, written twice (fewer where the context is short)."""
+PROBES = 4
+"""Sequences of the probe that :func:`head_grid` averages over."""
 
 
 @torch.no_grad()
-def attention_maps(model: TransformerLM, ids: list[int]) -> np.ndarray:
-    """Every layer's and head's attention matrix over ``ids``, ``[layers, heads, T, T]``
-    (rows are queries, columns keys), float64."""
+def both_maps(model: TransformerLM, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every layer's and head's scores ``S + B + M`` and attention ``A`` over ``ids``, each
+    ``[layers, heads, T, T]`` (rows are queries, columns keys), float64."""
     device = next(model.parameters()).device
     layers = model.attention_weights(torch.tensor([ids], device=device))
-    return np.stack([weights[0].double().cpu().numpy() for _, weights in layers])
+    scores = np.stack([s[0].double().cpu().numpy() for s, _ in layers])
+    return scores, np.stack([w[0].double().cpu().numpy() for _, w in layers])
+
+
+def attention_maps(model: TransformerLM, ids: list[int]) -> np.ndarray:
+    """Every layer's and head's attention matrix over ``ids``, ``[layers, heads, T, T]``."""
+    return both_maps(model, ids)[1]
+
+
+def signed_rows(scores: np.ndarray) -> list[list[list[list[float | None]]]]:
+    """The scores as the page holds them: like :func:`rows`, to :data:`SCORE_DECIMALS` digits,
+    a masked entry (``-inf``: outside a window, another document) as None."""
+    T = scores.shape[-1]
+    return [
+        [
+            [[float(s) if np.isfinite(s) else None for s in head[q, : q + 1]] for q in range(T)]
+            for head in np.round(layer, SCORE_DECIMALS)
+        ]
+        for layer in scores
+    ]
+
+
+@torch.no_grad()
+def head_grid(model: TransformerLM, tokenizer: TextTokenizer, seed: int) -> dict[str, list]:
+    """Four scores per head, ``{name: [[score per head] per layer]}``, on :data:`PROBES`
+    sequences of ``n`` random ordinary tokens (no special) written twice, drawn with a generator
+    seeded by ``seed``. With ``A`` a head's weights and queries i: previous_token is the mean of
+    ``A[i, i-1]`` over i in 1..2n-1; induction of ``A[i, i-n+1]`` (the token after the earlier
+    copy) and duplicate_token of ``A[i, i-n]`` (the earlier copy) over i in n..2n-1; first_token
+    of ``A[i, 0]`` over i in 1..2n-1; each averaged over the sequences."""
+    n = min(PROBE, model.config.context_length // 2)
+    special = {tokenizer.pad_id, tokenizer.eod_id, tokenizer.tokenizer.token_to_id(UNK)}
+    ordinary = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in special])
+    draw = torch.randint(len(ordinary), (PROBES, n), generator=torch.Generator().manual_seed(seed))
+    probe = ordinary[draw].repeat(1, 2).tolist()
+    A = np.stack([attention_maps(model, ids) for ids in probe]).mean(0)  # (L, H, 2n, 2n)
+    early, late = np.arange(1, 2 * n), np.arange(n, 2 * n)
+    grid = {
+        "previous_token": A[..., early, early - 1],
+        "induction": A[..., late, late - n + 1],
+        "duplicate_token": A[..., late, late - n],
+        "first_token": A[..., early, 0],
+    }
+    return {name: np.round(v.mean(-1), DECIMALS).tolist() for name, v in grid.items()}
 
 
 def rows(maps: np.ndarray) -> list[list[list[list[float]]]]:

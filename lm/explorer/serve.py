@@ -53,7 +53,8 @@ class Served:
         with self.lock:
             if self.stopped:
                 raise LMError("lm view is stopping")
-            return run_page(self.run, prompt, self.name, self.task)
+            # No earlier checkpoint (steps=[]): each typed text is read by the newest alone.
+            return run_page(self.run, prompt, self.name, self.task, steps=[])
 
     def stop(self) -> None:
         """Wait for the request inside the model, if any, and let no other in. The threads still
