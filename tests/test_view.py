@@ -659,50 +659,17 @@ def test_the_default_runs_page_for_a_128_character_prompt_is_at_most_5_mb(runs):
     assert_one_line(refused, "no such run or comparison")
 
 
-def _head_pattern(T: int, n: int, layers: int, heads: int) -> np.ndarray:
-    """Hand-built weights over a probe of ``n`` tokens written twice (``T = 2n``): layer 0's
-    head 0 reads the previous token, head 1 the token after the earlier copy (induction); layer
-    1's head 0 the earlier copy (duplicate), head 1 the first token."""
-    A = np.zeros((layers, heads, T, T))
-    A[:, :, 0, 0] = 1
-    for i in range(1, T):
-        A[0, 0, i, i - 1] = 1
-        A[0, 1, i, i - n + 1 if i >= n else 0] = 1
-        A[1, 0, i, i - n if i >= n else i] = 1
-        A[1, 1, i, 0] = 1
-    return A
-
-
-def test_head_grid_scores_each_head_on_a_probe_written_twice(monkeypatch):
+def test_the_pages_head_grid_is_what_lm_heads_reports(runs):
+    # one definition of the scores (lm.evaluate_heads, tested on planted patterns in
+    # tests/test_heads.py): the page and lm heads give the same numbers for the same checkpoint
+    from lm.api import heads
     from lm.explorer import maps
 
-    model = _untrained(n_head=2, n_layer=2, context_length=16)
-    seen = []
-
-    def built(model, ids):
-        seen.append(ids)
-        return _head_pattern(len(ids), len(ids) // 2, 2, 2)
-
-    monkeypatch.setattr(maps, "attention_maps", built)
-    tokenizer = SimpleNamespace(pad_id=0, eod_id=1, vocab_size=model.config.vocab_size,
-                                tokenizer=SimpleNamespace(token_to_id=lambda name: 2))  # fmt: skip
-    grid = maps.head_grid(model, tokenizer, seed=7)
-    n = 8  # min(PROBE, context // 2)
-    assert len(seen) == maps.PROBES and all(len(ids) == 2 * n for ids in seen)
-    assert all(ids[:n] == ids[n:] and not {0, 1, 2} & set(ids) for ids in seen)
-    assert len({tuple(i) for i in seen}) == maps.PROBES
-    # (the induction head's and the first-token head's query 1 reads key 0, the previous one)
-    once = pytest.approx(1 / (2 * n - 1), abs=1e-4)
-    assert grid["previous_token"] == [[1.0, once], [0.0, once]]
-    assert grid["induction"] == [[0.0, 1.0], [0.0, 0.0]]
-    assert grid["duplicate_token"] == [[0.0, 0.0], [1.0, 1 / n]]  # query n reads key 0 = n - n
-    assert grid["first_token"][1][1] == 1.0 and grid["first_token"][0][0] == once
-    # The probe is the seed's: the same again, another seed another.
-    again = []
-    monkeypatch.setattr(maps, "attention_maps", lambda m, ids: again.append(ids) or built(m, ids))
-    maps.head_grid(model, tokenizer, seed=7)
-    maps.head_grid(model, tokenizer, seed=8)
-    assert again[: maps.PROBES] == seen[: maps.PROBES] and again[maps.PROBES :] != seen
+    run = load_run(runs.rope)
+    grid = maps.head_grid(run.model, run.tokenizer, run.config.train.seed)
+    reported = heads(runs.rope)
+    assert grid == {name: reported["scores"][name] for name in grid}
+    assert set(grid) == {"previous_token", "induction", "duplicate_token", "first_token"}
 
 
 def test_the_default_choice_of_checkpoints_is_at_most_8_evenly_with_the_first_and_last(tmp_path):

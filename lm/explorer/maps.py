@@ -15,17 +15,14 @@ import base64
 import numpy as np
 import torch
 
-from lm.data.tokenizer import UNK, TextTokenizer
+from lm.data.tokenizer import TextTokenizer
+from lm.evaluate_heads import head_scores, probe
 from lm.model.transformer import TransformerLM
 
 DECIMALS = 4
 """Digits of every weight the page holds and shows."""
 SCORE_DECIMALS = 3
 """Digits of every signed score ``S + B + M`` the page holds and shows."""
-PROBE = 32
-"""Random tokens in :func:`head_grid`'s probe, written twice (fewer where the context is short)."""
-PROBES = 4
-"""Sequences of the probe that :func:`head_grid` averages over."""
 
 
 @torch.no_grad()
@@ -58,26 +55,11 @@ def signed_rows(scores: np.ndarray) -> list[list[list[list[float | None]]]]:
 
 @torch.no_grad()
 def head_grid(model: TransformerLM, tokenizer: TextTokenizer, seed: int) -> dict[str, list]:
-    """Four scores per head, ``{name: [[score per head] per layer]}``, on :data:`PROBES`
-    sequences of ``n`` random ordinary tokens (no special) written twice, drawn with a generator
-    seeded by ``seed``. With ``A`` a head's weights and queries i: previous_token is the mean of
-    ``A[i, i-1]`` over i in 1..2n-1; induction of ``A[i, i-n+1]`` (the token after the earlier
-    copy) and duplicate_token of ``A[i, i-n]`` (the earlier copy) over i in n..2n-1; first_token
-    of ``A[i, 0]`` over i in 1..2n-1; each averaged over the sequences."""
-    n = min(PROBE, model.config.context_length // 2)
-    special = {tokenizer.pad_id, tokenizer.eod_id, tokenizer.tokenizer.token_to_id(UNK)}
-    ordinary = torch.tensor([i for i in range(tokenizer.vocab_size) if i not in special])
-    draw = torch.randint(len(ordinary), (PROBES, n), generator=torch.Generator().manual_seed(seed))
-    probe = ordinary[draw].repeat(1, 2).tolist()
-    A = np.stack([attention_maps(model, ids) for ids in probe]).mean(0)  # (L, H, 2n, 2n)
-    early, late = np.arange(1, 2 * n), np.arange(n, 2 * n)
-    grid = {
-        "previous_token": A[..., early, early - 1],
-        "induction": A[..., late, late - n + 1],
-        "duplicate_token": A[..., late, late - n],
-        "first_token": A[..., early, 0],
-    }
-    return {name: np.round(v.mean(-1), DECIMALS).tolist() for name, v in grid.items()}
+    """Four scores per head, ``{name: [[score per head] per layer]}``: what ``lm heads`` reports
+    (previous-token, induction, duplicate-token and first-token; ``lm.evaluate_heads``), on its
+    probe of random ordinary tokens written twice, drawn from ``seed``."""
+    ids = probe(tokenizer, model.config.context_length, seed)
+    return head_scores(model, ids, seed)
 
 
 def rows(maps: np.ndarray) -> list[list[list[list[float]]]]:
