@@ -168,7 +168,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 
 def test_a_mistyped_command_is_not_offered_lm_compares_own(capsys):
     err = expect_error(capsys, ["trian"], "invalid choice: 'trian' (choose from 'train', 'sample'")
-    assert "job-slot" not in err and "'choices')" in err
+    assert "job-" not in err and "'choices')" in err
 
 
 def test_rope_settings_in_a_training_config_are_refused_in_one_line(tmp_path, capsys):

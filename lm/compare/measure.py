@@ -218,8 +218,8 @@ def _measure_model(run_dir: Path, cfg: Config, measure: Measure) -> dict[str, An
 
 
 def measure_job(run_dir: Path, spec: str, threads: int | None = None) -> None:
-    """A sweep job's measurement of the run it trained (its job slot's ``--measure``,
-    :mod:`lm.compare.slot`): ``spec`` is the JSON of :func:`job_spec`; on ``threads`` CPU
+    """A sweep job's measurement of the run it trained (its job worker's ``--measure``,
+    :mod:`lm.compare.worker`): ``spec`` is the JSON of :func:`job_spec`; on ``threads`` CPU
     threads (default: those the run trained on)."""
     try:
         given = json.loads(spec)
