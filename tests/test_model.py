@@ -106,7 +106,7 @@ def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
     assert [n for n, _ in model.named_parameters() if ".position." in n] == [
         "blocks.2.attn.position.table"  # the first t5 layer holds the one table
     ]
-    assert model.shared == [model.blocks[2].attn.position, model.blocks[3].attn.position]
+    assert model.one_bias_schemes == [model.blocks[2].attn.position, model.blocks[3].attn.position]
     seen = {}  # what each layer's scheme gives as its score bias B, in a forward pass
     for i in (2, 3, 4):
         attn = model.blocks[i].attn

@@ -50,7 +50,7 @@ class ALiBi(ScoreBias):
     positions alone, so it is built once per forward pass and shared by the layers."""
 
     name = "alibi"
-    shared = True
+    one_bias = True
     formula = staticmethod(alibi_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
@@ -114,7 +114,7 @@ class T5(ScoreBias):
     """
 
     name = "t5"
-    shared = True
+    one_bias = True
     formula = staticmethod(t5_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
@@ -274,7 +274,7 @@ class Sandwich(ScoreBias):
     """
 
     name = "sandwich"
-    shared = True
+    one_bias = True
     formula = staticmethod(sandwich_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
