@@ -79,7 +79,7 @@ def test_eval_takes_multiples_of_the_context_and_says_what_it_read(trained, caps
 
 
 def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsys):
-    from lm.evaluate import load_evaluated
+    from lm.evaluate import load_with_rope_scaling
     from lm.model.position.rope import RopeAngles
 
     run = trained / "run"
@@ -107,8 +107,8 @@ def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsy
         "eval.yarn_2.json",
     ]
     # The same weights; only the angles change, YaRN's L being the trained context.
-    trained_model = load_evaluated(run).model
-    extended = load_evaluated(run, rope_scaling="yarn:2").model
+    trained_model = load_with_rope_scaling(run).model
+    extended = load_with_rope_scaling(run, rope_scaling="yarn:2").model
     assert extended.config.rope_scaling == "yarn:2" and extended.config.context_length == 32
     assert extended.blocks[0].attn.position.rope == RopeAngles(
         16, method="yarn", factor=2.0, context=32
