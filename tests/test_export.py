@@ -341,7 +341,10 @@ EVERY_SETTING = {
     ),
     "llama-learned": case("and no position table", position="learned", **LLAMA_BLOCK),
     "swiglu-layernorm": case(
-        "model.norm: layernorm with model.mlp: swiglu", position="rope", mlp="swiglu"
+        "model.norm: layernorm with model.mlp: swiglu cannot be exported: Llama and Qwen3, the "
+        "targets of grouped-query heads, QK-norm and SwiGLU, have RMSNorm norms",
+        position="rope",
+        mlp="swiglu",
     ),
     "gqa-layernorm": case(
         "model.norm: layernorm with model.n_kv_head: 1", position="rope", n_kv_head=1

@@ -179,7 +179,7 @@ NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
 NORMS = ("layernorm", "rmsnorm")
-"""``model.norm``: the block's normalization layers (``lm.model.transformer``; RMSNorm in
+"""``model.norm``: the block's norm layers (``lm.model.transformer``; RMSNorm in
 ``lm.model.rmsnorm``): LayerNorm (GPT-2) or RMSNorm (Llama)."""
 
 MLPS = ("gelu", "swiglu", "relu2", "none")

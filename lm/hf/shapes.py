@@ -72,7 +72,7 @@ def _llama_style_target(cfg: ModelConfig, settings: list[str]) -> str:
     if cfg.norm != "rmsnorm":
         raise CannotExpress(
             f"model.norm: {cfg.norm} {with_first} cannot be exported: Llama and Qwen3, the "
-            "targets of grouped-query heads, QK-norm and SwiGLU, normalize with RMSNorm"
+            "targets of grouped-query heads, QK-norm and SwiGLU, have RMSNorm norms"
         )
     if cfg.mlp != "swiglu":
         raise CannotExpress(

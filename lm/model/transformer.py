@@ -67,7 +67,7 @@ class SwiGLU(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """Normalize each position's features to mean 0 and variance 1, then scale (and shift).
+    """Each position's features brought to mean 0 and variance 1, then scaled (and shifted).
 
     On CPU the two steps are two ops: PyTorch's fused kernel sums the scale's gradient over the
     positions in one part per thread, so a run's weights would depend on how many threads it
