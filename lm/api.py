@@ -32,8 +32,8 @@ from lm.explorer.make import kind_of, page_html, run_name
 from lm.explorer.page import Page, render
 from lm.model import kernels, masks
 from lm.model.masks import allowed_keys
-from lm.model.position.embeddings import sinusoidal_table
-from lm.model.position.rope import RopeAngles, rotate_pairs
+from lm.model.schemes.embeddings import sinusoidal_table
+from lm.model.schemes.rope import RopeAngles, rotate_pairs
 from lm.runs.directory import check_out_dir, refuse_overlap
 from lm.runs.load import LoadedRun
 from lm.runtime.device import resolve_device

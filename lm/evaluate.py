@@ -38,7 +38,7 @@ from lm.config.values import parse_context_lengths, parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
-from lm.model.position.rope import xpos_reach
+from lm.model.schemes.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
 from lm.runs.code import read_run_config
 from lm.runs.directory import TOKENIZER
@@ -230,7 +230,7 @@ def _out_of_reach(model: ModelConfig, length: int) -> str:
     """Why a model has no loss at ``length``, or '': a learned table has no vector past its
     rows; positions drawn at evaluation are distinct draws from ``[0, M)``, so at most M;
     xPos's scales leave fp32 past the reach its ``xpos_scale_base`` B sets
-    (``lm.model.position.rope.xpos_reach``), for any scheme that reads B."""
+    (``lm.model.schemes.rope.xpos_reach``), for any scheme that reads B."""
     if any(r.table for r in model.rows) and length > model.position_range:
         return f"learned positions stop at {model.position_range}: no vector for longer contexts"
     if model.random_positions_eval and length > model.random_positions:

@@ -80,7 +80,7 @@ def test_eval_takes_multiples_of_the_context_and_says_what_it_read(trained, caps
 
 def test_eval_and_sample_with_a_rope_extension_at_evaluation_time(trained, capsys):
     from lm.evaluate import load_with_rope_scaling
-    from lm.model.position.rope import RopeAngles
+    from lm.model.schemes.rope import RopeAngles
 
     run = trained / "run"
     args = ["--context-lengths", "2x", "--max-batches", "2"]

@@ -17,7 +17,7 @@ import lm
 from lm.cli import main
 from lm.config import names, outside
 from lm.config.errors import LMError
-from lm.model.position import SCHEME_CLASSES
+from lm.model.schemes import SCHEME_CLASSES
 from lm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from lm.config.sections import ModelConfig
 from lm.config.values import value_text
 from lm.hf import MODELS
 from lm.hf.rope_parameters import CannotExpress, refuse, rope_keys
-from lm.model.position.biases import alibi_slopes
+from lm.model.schemes.biases import alibi_slopes
 
 TARGETS = {
     "rope": "gpt_neox",

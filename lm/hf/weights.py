@@ -60,7 +60,7 @@ import torch
 from lm.config.sections import ModelConfig
 from lm.hf.rope_parameters import CannotExpress, check_rope, rope_parameters
 from lm.hf.shapes import ARCHITECTURES, LLAMA_STYLE, export_target
-from lm.model.position.embeddings import sinusoidal_table
+from lm.model.schemes.embeddings import sinusoidal_table
 
 _LLAMA_BLOCK = [
     ("norm1", "input_layernorm", "norm"),

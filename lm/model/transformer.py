@@ -27,8 +27,8 @@ from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
 from lm.model.masks import Mask, Positions, masks, positions
-from lm.model.position import SCHEME_CLASSES
 from lm.model.rmsnorm import RMSNorm
+from lm.model.schemes import SCHEME_CLASSES
 
 
 class MLP(nn.Module):

@@ -3,7 +3,7 @@
 the normalised distance) and Sandwich (inner products of the notes' sinusoids). Each names its
 paper and says whether its parameters are shared across layers. Each writes its bias as the
 paper does, a plain function ``formula(*parameters, head, query, key)``, and
-:class:`~lm.model.position.base.ScoreBias` puts it in the form the kernel takes."""
+:class:`~lm.model.schemes.base.ScoreBias` puts it in the form the kernel takes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.masks import Positions
-from lm.model.position.base import ScoreBias
-from lm.model.position.embeddings import frequencies
+from lm.model.schemes.base import ScoreBias
+from lm.model.schemes.embeddings import frequencies
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ class Scheme(nn.Module):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        builtin = cls.__module__.startswith("lm.model.position")
+        builtin = cls.__module__.startswith("lm.model.schemes")
         if builtin and "name" in cls.__dict__:  # a scheme, not a base of some (ScoreBias)
             cls.row = SCHEMES[cls.name]
         if "row" in cls.__dict__:  # an outside scheme's own row (lm.config.outside checks it)
