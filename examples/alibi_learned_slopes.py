@@ -25,7 +25,7 @@ class LearnedSlopes(lm.schemes.ALiBi):
     # Its bias now has learned parameters (their gradient goes through the kernel), and each
     # layer has its own, so the layers no longer share one bias.
     row = lm.SchemeRow(place=lm.Place.SCORES, learned_bias=True)
-    shared = False
+    one_bias = False
 
     def __init__(self, config, layer=None):
         super().__init__(config, layer)  # ALiBi's slopes, self.slopes [H]

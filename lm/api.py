@@ -25,15 +25,15 @@ from lm.config.load import load_config, with_overrides
 from lm.config.outside import trusting
 from lm.config.sections import Config
 from lm.config.values import checked_text, finite_at_least_zero, whole_number
-from lm.evaluate import evaluate_lengths, length_specs, load_evaluated
+from lm.evaluate import evaluate_lengths, length_specs, load_with_rope_scaling
 from lm.evaluate_heads import heads_of_run
 from lm.explorer.gather import prompt_ids, run_page
 from lm.explorer.make import kind_of, page_html, run_name
 from lm.explorer.page import Page, render
 from lm.model import kernels, masks
 from lm.model.masks import allowed_keys
-from lm.model.position.embeddings import sinusoidal_table
-from lm.model.position.rope import RopeAngles, rotate_pairs
+from lm.model.schemes.embeddings import sinusoidal_table
+from lm.model.schemes.rope import RopeAngles, rotate_pairs
 from lm.runs.directory import check_out_dir, refuse_overlap
 from lm.runs.load import LoadedRun
 from lm.runtime.device import resolve_device
@@ -141,7 +141,7 @@ def load(
         raise LMError(f"device: {device!r} is not a device name (auto, cpu, cuda, cuda:N, mps)")
     where = str(resolve_device(device, "device"))
     with trusting(trust_code is True):
-        return load_evaluated(run_dir, checkpoint, where, rope_scaling, names)
+        return load_with_rope_scaling(run_dir, checkpoint, where, rope_scaling, names)
 
 
 def _loaded(run: LoadedRun | str | Path) -> LoadedRun:

@@ -526,12 +526,12 @@ def _check_text_fits(run_dir: Path, text: str) -> None:
     to shorten (the model's own error would speak of its context). Anything else wrong with the
     run is left to the drawing to report."""
     from lm.data.tokenizer import TextTokenizer
-    from lm.runs.code import run_config
+    from lm.runs.code import read_run_config
     from lm.runs.directory import CONFIG, TOKENIZER
 
     if not ((run_dir / CONFIG).is_file() and (run_dir / TOKENIZER).is_file()):
         return
-    model = run_config(run_dir).model
+    model = read_run_config(run_dir).model
     if not any(r.table for r in model.rows):
         return
     tokens = len(TextTokenizer.load(run_dir / TOKENIZER).encode(text))

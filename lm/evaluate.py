@@ -4,7 +4,7 @@ Evaluating at contexts longer than the model was trained on is how position sche
 most: RoPE, ALiBi, sinusoids and NoPE run at any length (with more or less success); a learned
 table has no vector past its last trained position, which is reported instead of guessed.
 A RoPE model can also be evaluated with another context extension than it was trained with
-(PI, NTK-aware, YaRN: :func:`load_evaluated`), the same weights, no retraining.
+(PI, NTK-aware, YaRN: :func:`load_with_rope_scaling`), the same weights, no retraining.
 
 Lengths are whole numbers of tokens or multiples of the trained context (``2x``). At each one
 the split is read in non-overlapping windows of that length, every token a target once; the
@@ -38,9 +38,9 @@ from lm.config.values import parse_context_lengths, parse_rope_scaling
 from lm.data.batches import eval_batches, eval_windows, model_inputs
 from lm.data.sources import TokenizedSplit, prepare_data
 from lm.data.tasks import TaskSettings, evaluation_examples, splits
-from lm.model.position.rope import xpos_reach
+from lm.model.schemes.rope import xpos_reach
 from lm.model.transformer import TransformerLM, loss_sum
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import TOKENIZER
 from lm.runs.load import LoadedRun, load_run
 from lm.runtime.device import seeded_draws
@@ -127,7 +127,7 @@ def resolve_length(spec: str | int, trained: int) -> int:
     return tokens
 
 
-def load_evaluated(
+def load_with_rope_scaling(
     run_dir: str | Path,
     checkpoint: str | Path | None = None,
     device: str = "cpu",
@@ -230,7 +230,7 @@ def _out_of_reach(model: ModelConfig, length: int) -> str:
     """Why a model has no loss at ``length``, or '': a learned table has no vector past its
     rows; positions drawn at evaluation are distinct draws from ``[0, M)``, so at most M;
     xPos's scales leave fp32 past the reach its ``xpos_scale_base`` B sets
-    (``lm.model.position.rope.xpos_reach``), for any scheme that reads B."""
+    (``lm.model.schemes.rope.xpos_reach``), for any scheme that reads B."""
     if any(r.table for r in model.rows) and length > model.position_range:
         return f"learned positions stop at {model.position_range}: no vector for longer contexts"
     if model.random_positions_eval and length > model.random_positions:
@@ -260,7 +260,7 @@ def evaluate_run(
     """``lm eval``: :func:`evaluate_lengths` of a run's model (with ``rope_scaling`` at
     evaluation time, if given), and for a generated task its :func:`task_accuracy`; what
     ``eval.json`` holds: ``rows`` (losses) and ``accuracy`` (a task's, else None)."""
-    run = load_evaluated(run_dir, checkpoint, device, rope_scaling)
+    run = load_with_rope_scaling(run_dir, checkpoint, device, rope_scaling)
     rows = evaluate_lengths(run, run_dir, context_lengths, split, batch_size, device, max_batches)
     result = {
         "step": run.step,
@@ -285,7 +285,7 @@ def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
     if rope_scaling is None:
         return run_dir / EVAL_FILE
     method, factor = parse_rope_scaling(rope_scaling, "--rope-scaling")
-    own = parse_rope_scaling(run_config(run_dir).model.rope_scaling)
+    own = parse_rope_scaling(read_run_config(run_dir).model.rope_scaling)
     if (method, factor) == own or factor == own[1] == 1.0:  # the model as trained
         return run_dir / EVAL_FILE
     return run_dir / ("eval.none.json" if factor == 1.0 else f"eval.{method}_{factor:g}.json")
@@ -293,7 +293,7 @@ def eval_path(run_dir: str | Path, rope_scaling: str | None = None) -> Path:
 
 def setting_line(run_dir: str | Path, rope_scaling: str) -> str:
     """The line above ``lm eval``'s table that names the RoPE extension it measured."""
-    own = run_config(Path(run_dir)).model.rope_scaling or "none"
+    own = read_run_config(Path(run_dir)).model.rope_scaling or "none"
     path = eval_path(run_dir, rope_scaling)
     if path.name == EVAL_FILE:
         return f"rope_scaling {rope_scaling}: the run as trained ({path})"

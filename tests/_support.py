@@ -241,7 +241,7 @@ def self_attend(layer, config, x, *, positions=None, kernel=None, causal=True, *
     mask = m.masks(
         config, where, key_mask, segments, causal=causal, training=layer.training, kernel=kernel
     )[layer.window]
-    if layer.position.shared:
+    if layer.position.one_bias:
         where.biases[type(layer.position)] = layer.position.bias(where, mask)
     return layer(x, where, mask)
 

@@ -248,7 +248,7 @@ def test_jobs_auto_takes_a_job_per_core_only_where_the_whole_sweep_gains(monkeyp
         sbs, "_together", lambda m, t, micro, cores: (timings["together"], timings["start"])
     )
     monkeypatch.setattr(sbs, "_probe", lambda m, t, micro, cores: (timings["one"], 0.03))
-    # 4 runs of 1000 steps: 80 s one at a time; a job's start (1 s, once: a slot trains one
+    # 4 runs of 1000 steps: 80 s one at a time; a job's start (1 s, once: a worker trains one
     # run after another), then two rounds of 1000 steps of 2 x 15 ms = 61 s.
     n, choice = sbs.auto_jobs(cfg, device, 2, runs=4, steps=1000)
     assert (n, choice.how) == (2, "measured")
@@ -286,7 +286,7 @@ def test_jobs_auto_plays_a_sweep_as_the_jobs_train_it():
     assert predict(ms, 2, 2, 100, [2.0, 1.0]) == pytest.approx((3.0, 3.0))
     # The costliest first, whatever the order given: 6 s on one core beside three of 2 s.
     assert predict(ms, 2, 4, 100, [1.0, 1.0, 1.0, 3.0]) == pytest.approx((6.0, 6.0))
-    # A job's start is paid once, however many runs a slot trains after it.
+    # A job's start is paid once, however many runs a worker trains after it.
     start = {**ms, "start": 500.0}
     assert predict(start, 2, 4, 100, [1.0] * 4)[1] == pytest.approx(0.5 + 4.0)
 

@@ -154,7 +154,7 @@ def test_quoted_tables_are_the_committed_reports():
 def test_the_positions_page_has_every_scheme_where_it_acts_and_its_class():
     rows = {}
     for line in _text(ROOT / "docs" / "positions.md").splitlines():
-        code = r"`lm/model/position/(\w+)\.py` `(\w+)`"
+        code = r"`lm/model/schemes/(\w+)\.py` `(\w+)`"
         match = re.match(rf"\| `(\w+)` \| ([a-z ]+) \|.*\| {code} \|", line)
         if match:
             rows[match.group(1)] = (match.group(2), f"{match.group(3)}:{match.group(4)}")

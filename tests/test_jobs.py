@@ -193,7 +193,7 @@ def test_each_job_measures_its_run_and_the_report_equals_one_measured_alone(swee
         assert run["extrapolation"][0]["loss"] is not None
 
 
-def test_a_job_slot_trains_one_run_after_another_as_lm_train_would(tmp_path, monkeypatch):
+def test_a_job_worker_trains_one_run_after_another_as_lm_train_would(tmp_path, monkeypatch):
     import lm.compare.jobs as jobs_module
 
     cfg = write_config(
@@ -201,30 +201,30 @@ def test_a_job_slot_trains_one_run_after_another_as_lm_train_would(tmp_path, mon
         data={"cache_dir": str(tmp_path / "cache")},
         train={"max_steps": 4, "eval_every": 0, "checkpoint_every": 0},
     )
-    slots = []
+    workers = []
 
-    class Counted(jobs_module._Slot):
+    class Counted(jobs_module._Worker):
         def __init__(self, *args):
             super().__init__(*args)
-            slots.append(self)
+            workers.append(self)
 
-    monkeypatch.setattr(jobs_module, "_Slot", Counted)
+    monkeypatch.setattr(jobs_module, "_Worker", Counted)
     runs = [tmp_path / f"seed{seed}" for seed in (1, 2, 3)]
     queue = [
         Job(run, [str(cfg), "--out", str(run), "--overwrite", "--set", f"train.seed={seed}"], 4)
         for seed, run in enumerate(runs, 1)
     ]
     jobs_module.run_jobs(queue, 2, 0, lambda line: None, cores=2)
-    assert len(slots) == 2  # three runs in two slots: one of them trained two
+    assert len(workers) == 2  # three runs in two workers: one of them trained two
     for job in queue:
         argv = json.loads((job.run_dir / "run.json").read_text())["argv"]
         assert argv[0].endswith(os.path.join("lm", "__main__.py"))
         assert argv[1:4] == ["train", *job.args[:2]] and "--quiet" in argv
-    # The run a slot trained second is the run lm train makes alone.
+    # The run a worker trained second is the run lm train makes alone.
     assert main(["train", str(cfg), "--out", str(tmp_path / "alone"), "--quiet",
                  "--set", "train.seed=3"]) == 0  # fmt: skip
     assert_same_weights(runs[2], tmp_path / "alone")
-    # A refused run: its one line, from the slot's own part of standard error.
+    # A refused run: its one line, from the worker's own part of standard error.
     bad = Job(
         tmp_path / "bad", [str(cfg), "--out", str(tmp_path / "bad"), "--set", "train.stpes=3"], 3
     )
@@ -248,17 +248,17 @@ def test_a_run_left_training_alone_takes_the_cores_the_finished_one_gave_back(
     pauses = Pauses(tmp_path, [{"where": "step", "at": 5, "wait_for": "go.fifo", "only": "long"}])
     monkeypatch.setattr(os, "environ", pauses.env())
     widened = []
-    widen = jobs_module._Slot.widen
+    widen = jobs_module._Worker.widen
 
-    def told(slot, threads):
-        had = slot.threads
-        widen(slot, threads)
-        if slot.threads != had:  # told now (the sweep asks again at every look)
-            widened.append(slot.threads)
+    def told(worker, threads):
+        had = worker.threads
+        widen(worker, threads)
+        if worker.threads != had:  # told now (the sweep asks again at every look)
+            widened.append(worker.threads)
             with open(tmp_path / "go.fifo", "w") as go:
                 go.write("go\n")
 
-    monkeypatch.setattr(jobs_module._Slot, "widen", told)
+    monkeypatch.setattr(jobs_module._Worker, "widen", told)
     long, short = tmp_path / "long", tmp_path / "short"
     queue = [
         Job(long, [str(cfg), "--out", str(long), "--overwrite"], 40),

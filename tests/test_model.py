@@ -11,7 +11,7 @@ from _support import assert_padding_is_invisible
 from lm.config.names import POSITIONS
 from lm.config.sections import ModelConfig
 from lm.model.masks import masks, positions
-from lm.model.position.base import PositionOutOfRange
+from lm.model.schemes.base import PositionOutOfRange
 from lm.model.transformer import TransformerLM
 
 # Per-layer hybrids of the two layers of tiny(): NoPE above RoPE, and two schemes that each
@@ -96,9 +96,9 @@ def test_document_segments_equal_separate_documents(position, options, block):
 
 
 def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
-    from lm.model.position.base import NoPosition
-    from lm.model.position.biases import T5, ALiBi
-    from lm.model.position.rope import RoPE
+    from lm.model.schemes.base import NoPosition
+    from lm.model.schemes.biases import T5, ALiBi
+    from lm.model.schemes.rope import RoPE
 
     model = tiny(["rope", "none", "t5", "alibi", "t5"], n_layer=5)
     parts = [type(block.attn.position) for block in model.blocks]
@@ -106,7 +106,7 @@ def test_each_layer_holds_its_own_schemes_part_and_reads_its_own_bias():
     assert [n for n, _ in model.named_parameters() if ".position." in n] == [
         "blocks.2.attn.position.table"  # the first t5 layer holds the one table
     ]
-    assert model.shared == [model.blocks[2].attn.position, model.blocks[3].attn.position]
+    assert model.one_bias_schemes == [model.blocks[2].attn.position, model.blocks[3].attn.position]
     seen = {}  # what each layer's scheme gives as its score bias B, in a forward pass
     for i in (2, 3, 4):
         attn = model.blocks[i].attn
@@ -144,7 +144,7 @@ def test_learned_positions_refuse_lengths_beyond_the_table_but_sinusoids_extend(
 
 @pytest.mark.parametrize("scale", [True, False])
 def test_sinusoidal_model_adds_the_notes_table_to_embeddings(scale):
-    from lm.model.position.embeddings import sinusoidal_table
+    from lm.model.schemes.embeddings import sinusoidal_table
 
     model = tiny("sinusoidal", n_layer=1, scale_embeddings=scale)
     ids = torch.randint(0, 37, (2, 12))
@@ -164,7 +164,7 @@ def test_masks_and_alibi_bias_are_built_once_per_forward_and_match_the_explicit_
     position, monkeypatch
 ):
     import lm.model.masks
-    from lm.model.position.biases import ALiBi
+    from lm.model.schemes.biases import ALiBi
 
     fused = tiny(position, n_layer=3)
     explicit = tiny(position, n_layer=3, kernel="math")

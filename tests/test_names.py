@@ -16,8 +16,8 @@ from lm.config.names import (
     Place,
 )
 from lm.config.sections import ModelConfig
-from lm.model.position import SCHEME_CLASSES
-from lm.model.position.base import Scheme
+from lm.model.schemes import SCHEME_CLASSES
+from lm.model.schemes.base import Scheme
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_every_scheme_class_is_its_rows_class_and_every_row_has_one():
     assert list(SCHEME_CLASSES) == list(SCHEMES) == list(POSITIONS)
     for name, cls in SCHEME_CLASSES.items():
         module, cls_name = SCHEMES[name].code.split(":")
-        assert cls.__module__ == f"lm.model.position.{module}" and cls.__name__ == cls_name
+        assert cls.__module__ == f"lm.model.schemes.{module}" and cls.__name__ == cls_name
         assert cls.name == name and cls.row is SCHEMES[name] and cls.place is SCHEMES[name].place
     named = {c for c in _subclasses(Scheme) if "name" in c.__dict__ and c.__module__[:3] == "lm."}
     assert named == set(SCHEME_CLASSES.values())  # no scheme class without its row

@@ -17,7 +17,7 @@ import lm
 from lm.cli import main
 from lm.config import names, outside
 from lm.config.errors import LMError
-from lm.model.position import SCHEME_CLASSES
+from lm.model.schemes import SCHEME_CLASSES
 from lm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def test_a_resume_refuses_a_changed_file(tmp_path, capsys):
     (tmp_path / "mine.py").write_text("import lm\n\nclass Mine(lm.schemes.ALiBi):\n    pass\n")
     run = train(tmp_path, f"{tmp_path / 'mine.py'}:Mine", max_steps=5)
     (tmp_path / "mine.py").write_text(
-        "import lm\n\nclass Mine(lm.schemes.ALiBi):\n    shared = False\n"
+        "import lm\n\nclass Mine(lm.schemes.ALiBi):\n    one_bias = False\n"
     )
     another_process()
     cfg = tmp_path / "run.yaml"

@@ -17,9 +17,9 @@ from lm.model.masks import (
     positions_from_segments,
     random_positions,
 )
-from lm.model.position.biases import FIRE, KERPLE, T5, ALiBi, alibi_slopes, t5_bucket
-from lm.model.position.embeddings import sinusoidal_table
-from lm.model.position.rope import (
+from lm.model.schemes.biases import FIRE, KERPLE, T5, ALiBi, alibi_slopes, t5_bucket
+from lm.model.schemes.embeddings import sinusoidal_table
+from lm.model.schemes.rope import (
     RoPE,
     RopeAngles,
     ntk_base,
@@ -419,7 +419,7 @@ def _added(part, cfg: ModelConfig, T: int, causal: bool = True) -> torch.Tensor:
 
 
 def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
-    from lm.model.position.biases import Sandwich, sandwich_table
+    from lm.model.schemes.biases import Sandwich, sandwich_table
 
     cfg = ModelConfig(d_model=4, n_head=2, position="sandwich")
     # d = 4: w = (1, 1/100); p_l . p_j = cos(n) + cos(n/100), less d/2 = 2, at distance n.
@@ -436,7 +436,7 @@ def test_sandwich_is_the_inner_product_of_the_notes_sinusoids_scaled_per_head():
 
 
 def test_xpos_decays_each_pair_by_zeta_to_the_offset_over_b():
-    from lm.model.position.rope import XPos, xpos_decay
+    from lm.model.schemes.rope import XPos, xpos_decay
 
     cfg = ModelConfig(d_model=8, n_head=2, position="xpos", xpos_scale_base=4.0)
     zeta = xpos_decay(4)  # d_k = 4: (2i/d_k + 0.4) / 1.4 for pairs i = 0, 1
@@ -467,7 +467,7 @@ def test_p_rope_rotates_the_fastest_pairs_at_the_notes_frequencies_and_leaves_th
 
 
 def test_fox_adds_the_log_forget_gates_between_key_and_query():
-    from lm.model.position.content import FoX
+    from lm.model.schemes.content import FoX
 
     cfg = ModelConfig(d_model=4, n_head=2, position="fox")
     part = FoX(cfg, 0)
@@ -485,7 +485,7 @@ def test_fox_adds_the_log_forget_gates_between_key_and_query():
 
 
 def test_cope_counts_the_gates_from_each_key_and_interpolates_its_embedding():
-    from lm.model.position.content import CoPE
+    from lm.model.schemes.content import CoPE
 
     cfg = ModelConfig(d_model=4, n_head=1, position="cope", cope_max=3)
     part = CoPE(cfg)
@@ -545,7 +545,7 @@ def test_a_sliding_window_reads_the_last_w_real_tokens():
 
 
 def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases():
-    from lm.model.position.pope import PoPE
+    from lm.model.schemes.pope import PoPE
 
     cfg = ModelConfig(d_model=6, n_head=2, position="pope")  # d_k = 3: PoPE needs no pairs
     part = PoPE(cfg, 0)
@@ -570,7 +570,7 @@ def test_pope_scores_are_content_magnitudes_times_the_cosine_of_position_phases(
 
 
 def test_fope_multiplies_each_pair_by_a_fourier_series_with_the_slow_waves_clipped():
-    from lm.model.position.fope import FoPE
+    from lm.model.schemes.fope import FoPE
 
     # d_k = 4: omega = (1, 1/100); with context 16, 1/100 < 2 pi/16 is clipped to 0.
     cfg = ModelConfig(d_model=8, n_head=2, context_length=16, position="fope")
@@ -600,7 +600,7 @@ def test_an_odd_head_width_is_refused_by_the_schemes_that_pair_features():
 
 
 def test_hope_is_p_rope_keeping_the_pairs_that_turn_within_the_trained_context():
-    from lm.model.position.hope import HoPE, hope_kept_pairs
+    from lm.model.schemes.hope import HoPE, hope_kept_pairs
     from lm.model.transformer import TransformerLM
 
     # d_k = 8: theta = 1, 0.1, 0.01, 0.001; periods 2 pi / theta = 6.3, 63, 628, 6283.
@@ -642,7 +642,7 @@ def test_fope_without_its_drawn_coefficients_is_hope():
 
 @pytest.mark.parametrize("static", ["kerple", "alibi"])
 def test_dape_adds_the_static_bias_and_an_mlp_of_every_heads_score_and_bias(static):
-    from lm.model.position.dape import DAPE
+    from lm.model.schemes.dape import DAPE
 
     cfg = ModelConfig(d_model=8, n_head=2, position="dape", dape_bias=static)
     torch.manual_seed(0)
@@ -680,7 +680,7 @@ def test_dape_needs_a_static_bias_it_can_read_and_a_kernel_that_sees_every_head(
 
 
 def test_path_scores_each_key_through_the_householder_products_of_the_tokens_between():
-    from lm.model.position.path import PaTH
+    from lm.model.schemes.path import PaTH
 
     cfg = ModelConfig(d_model=6, n_head=2, position="path")  # d_k = 3
     torch.manual_seed(0)
@@ -713,7 +713,7 @@ def test_path_scores_each_key_through_the_householder_products_of_the_tokens_bet
     ids=["training", "8x-trained", "a-prompt-after-cached-tokens", "short", "last-slots"],
 )
 def test_path_ut_form_equals_the_direct_form_values_and_gradients(Lq, Lk, start):
-    from lm.model.position.path import path_scores, path_scores_ut
+    from lm.model.schemes.path import path_scores, path_scores_ut
 
     torch.manual_seed(Lq + Lk)
     q, k = torch.randn(2, 3, Lq, 8), torch.randn(2, 3, Lk, 8)

@@ -17,8 +17,8 @@ from lm.config.errors import ConfigError, LMError
 from lm.config.names import POSITIONS, SCHEMES, extends
 from lm.config.sections import Config, ModelConfig
 from lm.explorer.signal import _sinusoid_chart, undrawn
-from lm.model.position import SCHEME_CLASSES
-from lm.model.position.embeddings import sinusoidal_table
+from lm.model.schemes import SCHEME_CLASSES
+from lm.model.schemes.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.training.setup import _check_keys
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LM = ROOT / "lm"
 
 EXEMPT = (
-    "lm/model/position/",  # the scheme classes: each is its own name
+    "lm/model/schemes/",  # the scheme classes: each is its own name
     "lm/config/names.py",  # the table
     # The exporter's formats: which transformers architecture each scheme becomes and how its
     # weights map are keyed by name, each format being one scheme's.

@@ -24,8 +24,8 @@ from lm.config.names import Place, row
 from lm.data.batches import eval_batches
 from lm.data.sources import prepare_data
 from lm.data.tokenizer import TextTokenizer
-from lm.model.position import reads_content
-from lm.model.position.embeddings import sinusoidal_table
+from lm.model.schemes import reads_content
+from lm.model.schemes.embeddings import sinusoidal_table
 from lm.model.transformer import TransformerLM
 from lm.runs.directory import TOKENIZER, check_out_dir
 from lm.runs.load import load_run

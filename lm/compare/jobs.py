@@ -1,8 +1,8 @@
 """The runs of a sweep trained side by side (``lm compare --jobs N``), in processes of their own.
 
 A model this small leaves most of a machine idle: a 0.8M-parameter run keeps two CPU cores
-less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, in N job slots:
-worker processes (``python -m lm.compare.slot``) that each train one run after another as
+less than busy and a GPU nearly empty. With ``--jobs N``, N runs train at once, in N job workers:
+processes (``python -m lm.compare.worker``) that each train one run after another as
 ``python -m lm train`` would, with the sweep's own config, keys and seed (the command its
 ``run.json`` records), and pay their start (imports) once.
 On CPU the cores are divided between the jobs through ``train.threads``, which a run records
@@ -11,7 +11,7 @@ and which does not change its numbers: every run equals the same run trained alo
 runs of a sweep, fewer than N, take the cores the others leave: one that would get more cores
 than a full round's share waits for them while the runs holding them are nearly done, and
 otherwise starts on what is free; once no run waits, the runs still training share the cores
-the finished ones gave back (their slots are told mid-run; their metrics.jsonl says
+the finished ones gave back (their workers are told mid-run; their metrics.jsonl says
 ``threads`` from the next logged step). The last run of all, when it would start with no other
 running, trains in lm compare's own process instead, as one run at a time does: it has every
 core anyway, and a process of its own would pay its start (imports, data) for nothing. On GPUs
@@ -73,8 +73,8 @@ def run_jobs(
     and pays no process's start, as one run at a time does)."""
     n = min(n, len(jobs))  # --jobs 5 for 3 runs runs 3 at once, and divides the cores by 3
     waiting, running = list(jobs), {}
-    slots: list[_Slot] = []  # every worker started
-    idle: list[_Slot] = []  # those waiting for a job
+    workers: list[_Worker] = []  # every worker started
+    idle: list[_Worker] = []  # those waiting for a job
     last: Job | None = None
     stopped: list[tuple[int, str]] = []  # (exit status, what the job said last) of early ends
     last_progress = time.monotonic()
@@ -91,18 +91,18 @@ def run_jobs(
                         break  # the runs holding the cores it will get are nearly done
                 job = waiting.pop(0)
                 if not idle:
-                    slots.append(_Slot(len(slots), gpus))
-                    idle.append(slots[-1])
-                    ends.callback(slots[-1].close)  # however the sweep ends
-                running[job] = slot = idle.pop()
-                slot.start(job, threads)
+                    workers.append(_Worker(len(workers), gpus))
+                    idle.append(workers[-1])
+                    ends.callback(workers[-1].close)  # however the sweep ends
+                running[job] = worker = idle.pop()
+                worker.start(job, threads)
                 on = f", {threads} thread{'s' * (threads != 1)}" if threads else ""
                 log(f"compare: training {job.run_dir} ({len(running)} of {n} jobs running{on})")
             time.sleep(0.2)
             stopped += _ended(running, idle, signals)
             if stopped or signals.received:  # each job saves a checkpoint, then ends
-                for slot in running.values():
-                    slot.stop()
+                for worker in running.values():
+                    worker.stop()
             elif cores is not None and not waiting:
                 _share_freed(cores, list(running.values()))
             if running and time.monotonic() - last_progress > PROGRESS_EVERY_S:
@@ -119,21 +119,21 @@ def run_jobs(
 
 
 def _ended(
-    running: dict[Job, _Slot], idle: list[_Slot], signals: StopSignals
+    running: dict[Job, _Worker], idle: list[_Worker], signals: StopSignals
 ) -> list[tuple[int, str]]:
-    """Take the jobs that have ended out of ``running`` (their slots, still alive, back to
+    """Take the jobs that have ended out of ``running`` (their workers, still alive, back to
     ``idle``); return (exit status, what the job said last) of those that did not finish."""
     stopped = []
-    for job, slot in list(running.items()):
-        code = slot.returncode()
+    for job, worker in list(running.items()):
+        code = worker.returncode()
         if code is not None:
             del running[job]
-            said = slot.said(job, code)
-            if slot.alive():
-                idle.append(slot)
+            said = worker.said(job, code)
+            if worker.alive():
+                idle.append(worker)
             # Told to stop, a job that ends by the signal was interrupted: in its loop the
             # signal only asks for a checkpoint, and earlier ones stay intact.
-            told = slot.asked or signals.received is not None
+            told = worker.asked or signals.received is not None
             if told and code in (-signal.SIGINT, -signal.SIGTERM):
                 code = 130
             if code:
@@ -156,24 +156,24 @@ def _what_was_saved(jobs: list[Job], waiting: list[Job]) -> str:
     return "stopped: " + ", ".join(parts)
 
 
-class _Slot:
-    """A job slot: its worker process (``python -m lm.compare.slot``), which trains one run after
+class _Worker:
+    """A job worker: its process (``python -m lm.compare.worker``), which trains one run after
     another, what it writes to standard error kept in a file, and the job it trains now."""
 
     def __init__(self, index: int, gpus: int):
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
-        # Open as long as the slot runs; each job's part of it is read when the job ends.
+        # Open as long as the worker runs; each job's part of it is read when the job ends.
         self._stderr = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # noqa: SIM115
         # The threads its job is to take when told (SIGUSR1): cores others gave back.
-        handle, name = tempfile.mkstemp(prefix="lm-slot-", suffix=".threads")
+        handle, name = tempfile.mkstemp(prefix="lm-worker-", suffix=".threads")
         os.close(handle)
         self._widen_file = Path(name)
         self.ready = threading.Event()  # it hears SIGUSR1 now (before, the signal would end it)
-        # The slot shares lm compare's process group: Ctrl-C in a terminal reaches both.
+        # The worker shares lm compare's process group: Ctrl-C in a terminal reaches both.
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "lm.compare.slot", str(self._widen_file)],
+            [sys.executable, "-m", "lm.compare.worker", str(self._widen_file)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -283,21 +283,21 @@ def _progress(job: Job) -> str:
     return f"{name} step {last['step']}/{job.max_steps} loss {last['train_loss']:.4f}"
 
 
-def _share_freed(cores: int, running: list[_Slot]) -> None:
+def _share_freed(cores: int, running: list[_Worker]) -> None:
     """With no run waiting, the runs still training share every core: each is told its share
     (the first ones one more where they do not divide evenly) where that is more than it has."""
     if not running:
         return
     share, extra = divmod(cores, len(running))
-    for i, slot in enumerate(running):
+    for i, worker in enumerate(running):
         if share + (i < extra) > 0:
-            slot.widen(share + (i < extra))
+            worker.widen(share + (i < extra))
 
 
 NEARLY_DONE = 0.9  # of its steps: a run this far gives its cores back soon
 
 
-def job_threads(cores: int, n: int, waiting: int, running: list[_Slot]) -> int | None:
+def job_threads(cores: int, n: int, waiting: int, running: list[_Worker]) -> int | None:
     """CPU threads for the next of ``waiting`` jobs to start beside ``running``: ``cores``
     divided between the jobs that will run together. The last ones, fewer than ``n``, get more
     than a full round's share: such a job waits (None) while the runs holding those cores are

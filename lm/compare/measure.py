@@ -39,9 +39,9 @@ from lm.config.names import extends, task_of
 from lm.config.sections import Config, DataConfig
 from lm.config.values import parse_rope_scaling
 from lm.data.tasks import TaskSettings, evaluation_examples
-from lm.evaluate import evaluate_lengths, is_task, load_evaluated, task_accuracy
+from lm.evaluate import evaluate_lengths, is_task, load_with_rope_scaling, task_accuracy
 from lm.runs.checkpoint import latest_checkpoint, read_state
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import METRICS, PROVENANCE, TOKENIZER
 from lm.sample import generate
 from lm.training.metrics import read_metrics
@@ -137,7 +137,7 @@ def measure_run(
 ) -> tuple[RunResult, bool]:
     """Everything the report shows of one run, and whether it was read back from the run's
     ``measured.json`` rather than measured now (then kept there, ``log`` told first)."""
-    cfg = run_config(run_dir)  # as trained; the report compares these
+    cfg = read_run_config(run_dir)  # as trained; the report compares these
     measure = _as_measured(measure, cfg)
     rope_scaling = measure.rope_scaling
     key = _key(run_dir, measure)
@@ -192,7 +192,7 @@ def _as_measured(measure: Measure, cfg: Config) -> Measure:
 def _measure_model(run_dir: Path, cfg: Config, measure: Measure) -> dict[str, Any]:
     """What only the model can say: losses by length, the continuation, a task's accuracy."""
     device, start = measure.device, time.perf_counter()
-    run = load_evaluated(run_dir, device=device, rope_scaling=measure.rope_scaling)
+    run = load_with_rope_scaling(run_dir, device=device, rope_scaling=measure.rope_scaling)
     # A task's loss is measured at its trained context only: its examples are shorter, and what
     # it says about longer ones is its accuracy.
     task = is_task(cfg)
@@ -218,8 +218,8 @@ def _measure_model(run_dir: Path, cfg: Config, measure: Measure) -> dict[str, An
 
 
 def measure_job(run_dir: Path, spec: str, threads: int | None = None) -> None:
-    """A sweep job's measurement of the run it trained (its job slot's ``--measure``,
-    :mod:`lm.compare.slot`): ``spec`` is the JSON of :func:`job_spec`; on ``threads`` CPU
+    """A sweep job's measurement of the run it trained (its job worker's ``--measure``,
+    :mod:`lm.compare.worker`): ``spec`` is the JSON of :func:`job_spec`; on ``threads`` CPU
     threads (default: those the run trained on)."""
     try:
         given = json.loads(spec)
@@ -227,7 +227,7 @@ def measure_job(run_dir: Path, spec: str, threads: int | None = None) -> None:
         prompt, device = given["prompt"], given["device"]
     except (ValueError, TypeError, KeyError):
         raise LMError(f"--measure: {spec!r} is not what lm compare passes its jobs") from None
-    cfg = run_config(run_dir)
+    cfg = read_run_config(run_dir)
     # The cores the job trained on (run.json says) or was last given, not the machine's: other
     # jobs may be training beside it.
     before = torch.get_num_threads()

@@ -120,7 +120,7 @@ def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
     fig = Figure(figsize=(8, _height(len(curves))), layout="constrained")
     ax = fig.subplots()
     lengths: set[float] = set()
-    shared = len(set(trained.values())) == 1
+    one_length = len(set(trained.values())) == 1  # every run trained at one context length
     colours = _colours(len(curves))
     for i, ((group, runs), colour) in enumerate(zip(curves.items(), colours, strict=True)):
         style = "-" if i < 10 else "--"  # past tab10's ten colours, the lighter ones dashed too
@@ -136,9 +136,9 @@ def loss_vs_context_figure(curves: Curves, trained: dict[str, int]) -> Figure:
             low, high = ys.min(axis=0), ys.max(axis=0)
             ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
         ax.plot(x, mean, color=colour, linestyle=style, marker="o", markersize=4, label=label)
-        if not shared:
+        if not one_length:
             ax.axvline(trained[group], color=colour, linestyle=":", linewidth=1)
-    if shared:
+    if one_length:
         ax.axvline(next(iter(trained.values())), color="grey", linestyle=":", linewidth=1.2)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(lengths), [str(int(v)) for v in sorted(lengths)])

@@ -47,7 +47,7 @@ from lm.config.sections import Config, TrainConfig
 from lm.config.values import parse_rope_scaling, parse_value, shown, split_values
 from lm.data.sources import prepare_data, print_to_stderr
 from lm.runs.checkpoint import latest_checkpoint, read_state
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import CONFIG, check_out_dir
 from lm.runtime import choices
 from lm.runtime.device import resolve_device
@@ -236,7 +236,7 @@ def _check_same_config(run_dir: Path, config: Config) -> None:
     more steps), never a finished run stitched onto."""
     if not (run_dir / CONFIG).is_file():
         return
-    saved = run_config(run_dir)
+    saved = read_run_config(run_dir)
     for name, (old, new) in config_diff(saved, config).items():
         if name in ("model.vocab_size", "train.threads"):  # threads: the same numbers on any
             continue
@@ -502,7 +502,7 @@ def report(
     trained), the other runs once."""
     if not run_dirs:
         raise LMError("compare: no runs to report on")
-    configs = _once({Path(d): run_config(Path(d)) for d in run_dirs}, log)
+    configs = _once({Path(d): read_run_config(Path(d)) for d in run_dirs}, log)
     if evaluation.rope_scalings is not None:
         _check_rope(c.model.layer_positions for c in configs.values())
     prompt = report_prompt(evaluation, next(iter(configs.values())).data)

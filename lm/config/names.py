@@ -1,7 +1,7 @@
 """The words a config may use, in one place: every choice of every section, the table of
 position schemes (:data:`SCHEMES`, a row each), and the builtin sources with the tasks among them.
 
-The model's schemes (``lm.model.position``) and the data's generators (``lm.data.tasks``) read
+The model's schemes (``lm.model.schemes``) and the data's generators (``lm.data.tasks``) read
 these names; the config never reads them back, so it loads without importing the model or the
 data.
 """
@@ -39,7 +39,7 @@ class SchemeRow:
     """Its ``model.position``: a builtin's name, or an outside scheme's spec."""
     place: Place = Place.NOTHING
     code: str = ""
-    """Its class, ``module:Class`` under ``lm.model.position`` (imported by the model, never
+    """Its class, ``module:Class`` under ``lm.model.schemes`` (imported by the model, never
     here), or an outside scheme's spec."""
     learned_bias: bool = False
     """Its score bias has learned parameters, so training takes their gradient through the
@@ -133,7 +133,7 @@ SCHEMES = {
 }
 """Every ``model.position``, one row each: the one table of position schemes. A new scheme is
 its class and its row here; every list below, the config's checks, the model's registry
-(``lm.model.position.SCHEME_CLASSES``) and the docs' tables are read from it (tests hold
+(``lm.model.schemes.SCHEME_CLASSES``) and the docs' tables are read from it (tests hold
 ``configs/default.yaml``'s comment, ``docs/positions.md`` and ``ModelConfig.position``'s
 docstring to it)."""
 
@@ -179,7 +179,7 @@ NORMALIZATIONS = ("softmax", "ssmax", "stick_breaking")
 """``model.normalize``: how scores become attention weights (``lm.model.normalize``)."""
 
 NORMS = ("layernorm", "rmsnorm")
-"""``model.norm``: the block's normalization layers (``lm.model.transformer``; RMSNorm in
+"""``model.norm``: the block's norm layers (``lm.model.transformer``; RMSNorm in
 ``lm.model.rmsnorm``): LayerNorm (GPT-2) or RMSNorm (Llama)."""
 
 MLPS = ("gelu", "swiglu", "relu2", "none")
@@ -191,7 +191,7 @@ KERNELS = ("sdpa", "flex", "math", "auto")
 faster of sdpa and math, measured by ``lm train`` on this machine (``lm.training.tune``)."""
 
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
-"""RoPE context extensions (``lm.model.position.rope``): none, Position Interpolation,
+"""RoPE context extensions (``lm.model.schemes.rope``): none, Position Interpolation,
 NTK-aware, YaRN."""
 
 DATA_MODES = ("packed", "padded")

@@ -244,7 +244,7 @@ def _register(spec: str, module, name: str, file: Path | None = None) -> SchemeR
 def _is_scheme(cls: object) -> bool:
     # A class can subclass lm.Scheme only once lm's base module has been imported (by the
     # scheme's own ``import lm``), so the config asks sys.modules and imports no model module.
-    base = sys.modules.get("lm.model.position.base")
+    base = sys.modules.get("lm.model.schemes.base")
     return isinstance(cls, type) and base is not None and issubclass(cls, base.Scheme)
 
 

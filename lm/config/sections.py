@@ -80,7 +80,7 @@ class ModelConfig(ModelChecks):
     rope_base: float = 10000.0
     """Base of RoPE's angles: theta_i = rope_base^(-2i/d_k)."""
     rope_scaling: str | None = None
-    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/model/position/)."""
+    """RoPE context extension: none | pi:FACTOR | ntk:FACTOR | yarn:FACTOR (lm/model/schemes/)."""
     rope_fraction: float = 1.0
     """Fraction of each head's feature pairs that RoPE rotates (the rest are left unrotated)."""
     rope_original_context: int | None = None

@@ -27,7 +27,7 @@ from lm.compare.diagnostics import bias_by_distance
 from lm.config.names import Place, row
 from lm.model.kernels import per_query_head
 from lm.model.masks import positions
-from lm.model.position import reads_content
+from lm.model.schemes import reads_content
 from lm.model.transformer import TransformerLM
 
 

@@ -32,7 +32,7 @@ from lm.config.outside import is_spec
 from lm.config.sections import ModelConfig
 from lm.data.tokenizer import EOD, PAD, UNK, TextTokenizer
 from lm.hf import MODELS
-from lm.hf.rope import ROPE_KEYS, rope_parameters
+from lm.hf.rope_parameters import ROPE_KEYS, rope_parameters
 from lm.hf.shapes import ARCHITECTURES
 from lm.hf.weights import HFModel, to_hf
 from lm.runs.directory import CONFIG, PROVENANCE, check_out_dir, refuse_overlap

@@ -24,7 +24,7 @@ from lm.config.names import extends
 from lm.config.sections import Config, DataConfig, ModelConfig
 from lm.data.tokenizer import TextTokenizer
 from lm.hf.export import LM_CONFIG, built_folder, check_output, require_transformers
-from lm.hf.rope import ROPE_KEYS, rope_parameters
+from lm.hf.rope_parameters import ROPE_KEYS, rope_parameters
 from lm.hf.shapes import model_shape
 from lm.hf.weights import from_hf
 from lm.model.transformer import TransformerLM

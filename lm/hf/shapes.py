@@ -15,8 +15,8 @@ from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.config.values import value_text
 from lm.hf import MODELS
-from lm.hf.rope import CannotExpress, refuse, rope_keys
-from lm.model.position.biases import alibi_slopes
+from lm.hf.rope_parameters import CannotExpress, refuse, rope_keys
+from lm.model.schemes.biases import alibi_slopes
 
 TARGETS = {
     "rope": "gpt_neox",
@@ -72,7 +72,7 @@ def _llama_style_target(cfg: ModelConfig, settings: list[str]) -> str:
     if cfg.norm != "rmsnorm":
         raise CannotExpress(
             f"model.norm: {cfg.norm} {with_first} cannot be exported: Llama and Qwen3, the "
-            "targets of grouped-query heads, QK-norm and SwiGLU, normalize with RMSNorm"
+            "targets of grouped-query heads, QK-norm and SwiGLU, have RMSNorm norms"
         )
     if cfg.mlp != "swiglu":
         raise CannotExpress(

@@ -8,7 +8,7 @@ sequential residual, scores scaled by 1/sqrt(d_k)):
 lm scheme      target      how
 =============  ==========  ===============================================================
 rope           GPT-NeoX    sequential residual; q/k rows permuted (below); RoPE's settings
-                           as rope_parameters, each checked (lm.hf.rope)
+                           as rope_parameters, each checked (lm.hf.rope_parameters)
 learned        GPT-2       ``wpe`` = lm's learned table
 sinusoidal     GPT-2       ``wpe`` = the notes' sinusoids; ``wte`` = sqrt(d) E, untied head E
                            (``wte`` = E, as lm's, without ``model.scale_embeddings``)
@@ -58,9 +58,9 @@ from typing import Any
 import torch
 
 from lm.config.sections import ModelConfig
-from lm.hf.rope import CannotExpress, check_rope, rope_parameters
+from lm.hf.rope_parameters import CannotExpress, check_rope, rope_parameters
 from lm.hf.shapes import ARCHITECTURES, LLAMA_STYLE, export_target
-from lm.model.position.embeddings import sinusoidal_table
+from lm.model.schemes.embeddings import sinusoidal_table
 
 _LLAMA_BLOCK = [
     ("norm1", "input_layernorm", "norm"),

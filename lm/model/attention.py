@@ -6,7 +6,7 @@ causal mask, multiple heads):
 
 Rows are queries, columns are keys. A layer reads where its tokens sit and its window's mask
 ``M``, both made once per forward pass (:mod:`lm.model.masks`); its position scheme
-(:mod:`lm.model.position`) may rotate queries and keys or give a score bias ``B``, and SSMax
+(:mod:`lm.model.schemes`) may rotate queries and keys or give a score bias ``B``, and SSMax
 scales the queries (:mod:`lm.model.normalize`); this module never asks which scheme it holds,
 only where it acts. :func:`attend` adds ``B`` and ``M`` to the scores in the pass's kernel: the
 notes' formula written out (:func:`lm.model.kernels.attention`), SDPA, FlexAttention, or
@@ -36,9 +36,9 @@ from lm.config.sections import ModelConfig
 from lm.model.kernels import attention, flex, per_query_head, scores, stick_breaking
 from lm.model.masks import Mask, Positions
 from lm.model.normalize import SSMax
-from lm.model.position import SCHEME_CLASSES
-from lm.model.position.base import NoPosition
 from lm.model.rmsnorm import RMSNorm
+from lm.model.schemes import SCHEME_CLASSES
+from lm.model.schemes.base import NoPosition
 
 
 class MultiHeadAttention(nn.Module):

@@ -27,8 +27,8 @@ from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
 from lm.model.cache import KVCache
 from lm.model.masks import Mask, Positions, masks, positions
-from lm.model.position import SCHEME_CLASSES
 from lm.model.rmsnorm import RMSNorm
+from lm.model.schemes import SCHEME_CLASSES
 
 
 class MLP(nn.Module):
@@ -67,7 +67,7 @@ class SwiGLU(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """Normalize each position's features to mean 0 and variance 1, then scale (and shift).
+    """Each position's features brought to mean 0 and variance 1, then scaled (and shifted).
 
     On CPU the two steps are two ops: PyTorch's fused kernel sums the scale's gradient over the
     positions in one part per thread, so a run's weights would depend on how many threads it
@@ -131,11 +131,12 @@ class TransformerLM(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.out, block.mlp.down) if block.mlp else (block.attn.out,):
                 nn.init.normal_(proj.weight, mean=0.0, std=std)
-        self.shared = []  # of each scheme whose layers share one bias (ALiBi, T5), the first
-        for block in self.blocks:  # layer's, which makes it (a list: not submodules again)
+        # Of each scheme whose layers read one bias (ALiBi, T5), the first layer's, which makes it
+        self.one_bias_schemes = []  # (a list: not submodules again)
+        for block in self.blocks:
             scheme = block.attn.position
-            if scheme.shared and type(scheme) not in map(type, self.shared):
-                self.shared.append(scheme)
+            if scheme.one_bias and type(scheme) not in map(type, self.one_bias_schemes):
+                self.one_bias_schemes.append(scheme)
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Distinct parameters (a tied head counts once); optionally without the embeddings."""
@@ -178,7 +179,7 @@ class TransformerLM(nn.Module):
             )
         where = positions(c, input_ids, key_mask, segment_ids, cache, training)  # read once
         M = masks(c, where, key_mask, segment_ids, cache, training=training, kernel=kernel)
-        for scheme in self.shared:  # the bias B its layers share, made before they read it
+        for scheme in self.one_bias_schemes:  # the bias B its layers read, made before they do
             where.biases[type(scheme)] = scheme.bias(where, M[c.layer_windows[0]])
         x = self.embed(input_ids)  # E[w_l]: (B, T, d)
         if self.pos_embed is not None:

@@ -2,7 +2,7 @@
 "Your own scheme"): run.json's ``schemes`` keeps each one's spec, file and sha256, and the run
 folder a copy of the file (``schemes/<sha256>_<name>.py``), so that the run reloads and
 reproduces after the file changes or moves. A run's config is read back through
-:func:`run_config`, which imports a copy only with ``--trust-code`` (``lm.config.outside``)."""
+:func:`read_run_config`, which imports a copy only with ``--trust-code`` (``lm.config.outside``)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def run_code(run_dir: Path) -> RunCode:
     return RunCode(run_dir, copies, originals)
 
 
-def run_config(run_dir: str | Path) -> Config:
+def read_run_config(run_dir: str | Path) -> Config:
     """A run's config.yaml: the schemes it names outside lm are read from the run's copies with
     ``--trust-code`` (or as this command loaded them, if the same bytes), else refused."""
     run_dir = Path(run_dir)

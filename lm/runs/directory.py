@@ -26,7 +26,7 @@ from lm.config.errors import LMError
 from lm.config.load import config_diff, save_config
 from lm.config.sections import Config
 from lm.data.tokenizer import TextTokenizer
-from lm.runs.code import record_code, run_config
+from lm.runs.code import read_run_config, record_code
 
 CONFIG, TOKENIZER, METRICS, LOCK, PROVENANCE = (
     "config.yaml",
@@ -128,7 +128,7 @@ def write_run_record(
             record["schemes"] = kept
         (run_dir / PROVENANCE).write_text(json.dumps(record, indent=2) + "\n")
         return
-    started = run_config(run_dir)
+    started = read_run_config(run_dir)
     changed = {
         key: [old, new]
         for key, (old, new) in config_diff(started, config).items()

@@ -18,7 +18,7 @@ from lm.runs.checkpoint import (
     newest_intact,
     read_state,
 )
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import CONFIG, TOKENIZER
 
 
@@ -66,7 +66,7 @@ def load_run(
         raise LMError(f"{run_dir}: no such run directory")
     if not (run_dir / CONFIG).is_file():
         raise LMError(f"{run_dir}: not a run directory (no {CONFIG})")
-    config = run_config(run_dir)
+    config = read_run_config(run_dir)
     tokenizer = TextTokenizer.load(run_dir / TOKENIZER)
     if config.model.vocab_size != tokenizer.vocab_size:
         raise CheckpointError(

@@ -43,7 +43,7 @@ from lm.runs.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import (
     CONFIG,
     METRICS,
@@ -225,7 +225,7 @@ def _prepare_run(
     if checkpoint is not None:  # check what a resume needs before any slow work
         saved = read_state(checkpoint)
         check_has_optimizer(run_dir, checkpoint, saved)
-        check_resumable(run_config(run_dir), config)
+        check_resumable(read_run_config(run_dir), config)
         trained_on = saved.get("world_size", 1)
         if trained_on != world.size:  # TrainBatches: the global batch does not depend on it
             _log(world, quiet, (
@@ -257,7 +257,7 @@ def _dtype_and_kernel(run: _Run) -> tuple[_Run, DtypeAndKernel]:
     trained = _trained_dtype(run.run_dir) if resumed else None
     kernel = None
     if resumed and config.model.kernel == "auto" and (run.run_dir / CONFIG).is_file():
-        kernel = run_config(run.run_dir).model.kernel
+        kernel = read_run_config(run.run_dir).model.kernel
     chosen = training_choices(config, run.device, run.world.size, trained, kernel, run.data)
     config = config.replace(model=dataclasses.replace(config.model, kernel=chosen.kernel))
     return dataclasses.replace(run, config=config), chosen

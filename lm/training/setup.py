@@ -28,7 +28,7 @@ from lm.runs.checkpoint import (
     newest_intact,
     read_state,
 )
-from lm.runs.code import run_config
+from lm.runs.code import read_run_config
 from lm.runs.directory import CONFIG, METRICS, PROVENANCE, TOKENIZER
 
 
@@ -106,7 +106,7 @@ def _init_source(source: Path, flag: str = "--init-from") -> tuple[Config, Path]
     checkpoint = latest_checkpoint(source)
     if checkpoint is None:
         raise LMError(f"{where}: the run has no checkpoint yet")
-    return run_config(source), checkpoint
+    return read_run_config(source), checkpoint
 
 
 def _check_fits(source: Path, saved: ModelConfig, model: TransformerLM, flag: str) -> None:

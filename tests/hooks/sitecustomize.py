@@ -6,7 +6,7 @@ while it trains) waits for that line instead of polling on time.
 
 A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked for) or
 ``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only`` (optional) a
-text the process's command line must hold when it gets there (a job slot of ``lm compare --jobs``
+text the process's command line must hold when it gets there (a job worker of ``lm compare --jobs``
 sets ``sys.argv`` to each run's ``lm train`` command before training it); then ``tell`` a FIFO to
 write one line on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal``
 (wait for SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a

@@ -31,8 +31,8 @@ from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import per_query_head
 from lm.model.masks import Mask, Positions
-from lm.model.position.base import Scheme
-from lm.model.position.biases import alibi_slopes, kerple_log, positive
+from lm.model.schemes.base import Scheme
+from lm.model.schemes.biases import alibi_slopes, kerple_log, positive
 
 WIDTH = 32
 """The hidden width of DAPE's MLP (the paper's D_DAPE)."""

@@ -16,7 +16,7 @@ from lm.config.errors import ConfigError
 from lm.config.names import XPOS_REACH
 from lm.config.sections import ModelConfig
 from lm.model.masks import Positions
-from lm.model.position.base import Scheme
+from lm.model.schemes.base import Scheme
 
 
 def rope_frequencies(

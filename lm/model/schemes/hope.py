@@ -5,7 +5,7 @@ Extrapolation", ACL 2025, arXiv 2410.21216, section 4).
 HoPE keeps RoPE's high-frequency pairs and makes the low-frequency ones position-independent:
 the pairs whose wave does not complete one period within the trained context (``theta_i L <
 2 pi``) are not rotated at all. That is the computation of p-RoPE (Barbero et al. 2025, ``model
-.rope_p``, :class:`lm.model.position.rope.RopeAngles`' ``kept``): the fastest pairs rotate at
+.rope_p``, :class:`lm.model.schemes.rope.RopeAngles`' ``kept``): the fastest pairs rotate at
 their own frequencies and the others get frequency 0. The two papers differ only in where they
 cut: p-RoPE keeps a chosen fraction ``p``, HoPE keeps the pairs that turn at least once over the
 trained context ``L`` (``model.context_length``, or ``model.random_positions``). So ``hope`` is
@@ -21,7 +21,7 @@ import math
 import torch
 
 from lm.config.sections import ModelConfig
-from lm.model.position.rope import RoPE, RopeAngles, rope_frequencies
+from lm.model.schemes.rope import RoPE, RopeAngles, rope_frequencies
 
 
 def hope_kept_pairs(head_dim: int, base: float, context: int) -> int:

@@ -1,18 +1,18 @@
-"""A job slot of ``lm compare --jobs N`` (:mod:`lm.compare.jobs`), run as ``python -m
-lm.compare.slot``: it trains the runs it is given one after another in this process, so that it
+"""A job worker of ``lm compare --jobs N`` (:mod:`lm.compare.jobs`), run as ``python -m
+lm.compare.worker``: it trains the runs it is given one after another in this process, so that it
 pays its start (imports) once.
 
 Each line on standard input is the JSON list of one run's ``lm train`` arguments as a sweep
 writes them (the config, ``--out``, ``--resume`` or ``--overwrite``, ``--set``, ``--quiet``),
 and ``--measure SPEC``: once trained, measure the run as the sweep's report will
 (:func:`lm.compare.measure.measure_job`). The run trains as ``python -m lm train ARGS`` would,
-and its ``run.json`` records that command. The slot answers each run with its exit status,
+and its ``run.json`` records that command. The worker answers each run with its exit status,
 ``{"code": N}``, one line on standard output; what the run says goes to standard error, an
-error in one line. End of input ends the slot; Ctrl-C while it waits, too.
+error in one line. End of input ends the worker; Ctrl-C while it waits, too.
 
-``python -m lm.compare.slot WIDEN_FILE``: on SIGUSR1 the run training now takes the CPU threads
+``python -m lm.compare.worker WIDEN_FILE``: on SIGUSR1 the run training now takes the CPU threads
 the file names (cores another job has given back: a run's numbers do not depend on its thread
-count). The slot says ``{"ready": true}`` first, once it hears the signal: before that the
+count). The worker says ``{"ready": true}`` first, once it hears the signal: before that the
 signal's default would end it.
 """
 
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _WIDENED: list[int] = []
-"""The threads the slot was last told to take (by :func:`_widen_from`'s handler) in this job."""
+"""The threads the worker was last told to take (by :func:`_widen_from`'s handler) in this job."""
 
 
 def _widen_from(path: Path) -> Any:

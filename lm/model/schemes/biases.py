@@ -3,7 +3,7 @@
 the normalised distance) and Sandwich (inner products of the notes' sinusoids). Each names its
 paper and says whether its parameters are shared across layers. Each writes its bias as the
 paper does, a plain function ``formula(*parameters, head, query, key)``, and
-:class:`~lm.model.position.base.ScoreBias` puts it in the form the kernel takes."""
+:class:`~lm.model.schemes.base.ScoreBias` puts it in the form the kernel takes."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.masks import Positions
-from lm.model.position.base import ScoreBias
-from lm.model.position.embeddings import frequencies
+from lm.model.schemes.base import ScoreBias
+from lm.model.schemes.embeddings import frequencies
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
@@ -50,7 +50,7 @@ class ALiBi(ScoreBias):
     positions alone, so it is built once per forward pass and shared by the layers."""
 
     name = "alibi"
-    shared = True
+    one_bias = True
     formula = staticmethod(alibi_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
@@ -114,7 +114,7 @@ class T5(ScoreBias):
     """
 
     name = "t5"
-    shared = True
+    one_bias = True
     formula = staticmethod(t5_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):
@@ -274,7 +274,7 @@ class Sandwich(ScoreBias):
     """
 
     name = "sandwich"
-    shared = True
+    one_bias = True
     formula = staticmethod(sandwich_bias)
 
     def __init__(self, config: ModelConfig, layer: int | None = None):

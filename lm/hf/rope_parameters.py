@@ -15,7 +15,7 @@ lm                  transformers                                                
 ``rope_fraction``   ``partial_rotary_factor`` 2p/d_k, p the pairs rotated           always
 ==================  ============================================================  ==============
 
-NTK-aware. lm's ``ntk:S`` is a fixed base (``lm.model.position.rope.ntk_base``). transformers'
+NTK-aware. lm's ``ntk:S`` is a fixed base (``lm.model.schemes.rope.ntk_base``). transformers'
 ``dynamic`` type is another model: it keeps the base B up to ``max_position_embeddings`` and grows
 it with the sequence after, so lm exports the fixed base as ``rope_theta``, which every version of
 transformers computes, and refuses ``dynamic`` on import.
@@ -33,7 +33,7 @@ floored and ceiled, and the lower one clamped at pair 0, which is then never sca
 agree only when no pair turns between 1 and 32 times over L and the fastest turns at least 32
 times: heads of few pairs with a long L. So every export and every import compares the two per
 pair, transformers' own ``GPTNeoXRotaryEmbedding`` against
-``lm.model.position.rope.RopeAngles``, and refuses a difference in one line naming the first pair
+``lm.model.schemes.rope.RopeAngles``, and refuses a difference in one line naming the first pair
 that differs.
 """
 
@@ -47,7 +47,7 @@ import torch
 
 from lm.config.errors import ConfigError, LMError
 from lm.config.sections import ModelConfig
-from lm.model.position.rope import RopeAngles, ntk_base
+from lm.model.schemes.rope import RopeAngles, ntk_base
 
 ROPE_KEYS = ("rope_base", "rope_scaling", "rope_fraction", "rope_original_context")
 """lm's RoPE settings, which :func:`rope_parameters` writes as transformers' ``rope_parameters``."""

@@ -33,7 +33,7 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.masks import Positions
-from lm.model.position.base import Scheme
+from lm.model.schemes.base import Scheme
 
 
 def pope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:

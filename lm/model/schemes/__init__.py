@@ -7,7 +7,7 @@ is one class that says where it acts (its row's ``place``): on the embeddings, o
 keys, on the scores, or nowhere; docs/positions.md has every scheme's formula and paper, and each
 class's docstring its equation.
 
-A scheme overrides only the hooks of its place (:class:`~lm.model.position.base.Scheme`), and
+A scheme overrides only the hooks of its place (:class:`~lm.model.schemes.base.Scheme`), and
 the model and attention call the hooks of that place without asking which scheme they hold. A new
 scheme is its class and its row in ``lm.config.names.SCHEMES``, which names the class
 (``module:Class``); :data:`SCHEME_CLASSES` is read from the rows. Each attention layer builds its
@@ -17,7 +17,7 @@ built once, by the model.
 The schemes live by family: ``embeddings`` (sinusoids, a learned table), ``rope`` (RoPE, with
 partial rotation, p-RoPE and the context extensions PI, NTK-aware and YaRN, each with its formula
 and source; xPos), ``biases`` (ALiBi, T5, KERPLE, FIRE, Sandwich: biases of positions, on one
-base, :class:`~lm.model.position.base.ScoreBias`), ``content`` (FoX, CoPE: biases of the layer's
+base, :class:`~lm.model.schemes.base.ScoreBias`), ``content`` (FoX, CoPE: biases of the layer's
 content). Every scheme counts real tokens only (:mod:`lm.model.masks`).
 """
 
@@ -27,7 +27,7 @@ import importlib
 
 from lm.config.names import SCHEMES, Place, SchemeRow
 from lm.config.outside import scheme_class
-from lm.model.position.base import Scheme, ScoreBias
+from lm.model.schemes.base import Scheme, ScoreBias
 
 
 def _scheme_class(row: SchemeRow) -> type[Scheme]:

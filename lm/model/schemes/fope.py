@@ -32,8 +32,8 @@ import torch
 from lm.config.sections import ModelConfig
 from lm.model.kernels import per_query_head
 from lm.model.masks import Positions
-from lm.model.position.base import Scheme
-from lm.model.position.rope import rope_frequencies, rotate_pairs
+from lm.model.schemes.base import Scheme
+from lm.model.schemes.rope import rope_frequencies, rotate_pairs
 
 SIGMA = 0.3
 """The spread of the coefficients of the other frequencies (the paper treats it as a setting)."""

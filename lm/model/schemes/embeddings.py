@@ -12,7 +12,7 @@ from torch import nn
 
 from lm.config.sections import ModelConfig
 from lm.model.masks import Positions
-from lm.model.position.base import PositionOutOfRange, Scheme
+from lm.model.schemes.base import PositionOutOfRange, Scheme
 
 
 def frequencies(

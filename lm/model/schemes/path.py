@@ -58,7 +58,7 @@ from lm.config.sections import ModelConfig
 from lm.model.cache import KVCache
 from lm.model.kernels import per_query_head
 from lm.model.masks import Mask, Positions
-from lm.model.position.base import Scheme
+from lm.model.schemes.base import Scheme
 
 
 def path_scores(

@@ -40,13 +40,13 @@ class Scheme(nn.Module):
     name = ""
     row: SchemeRow
     place: Place
-    shared = False
+    one_bias = False
     """True: every layer of this scheme reads one bias ``B``, made once per forward pass by the
     model from its first such layer (:meth:`ScoreBias.bias`)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        builtin = cls.__module__.startswith("lm.model.position")
+        builtin = cls.__module__.startswith("lm.model.schemes")
         if builtin and "name" in cls.__dict__:  # a scheme, not a base of some (ScoreBias)
             cls.row = SCHEMES[cls.name]
         if "row" in cls.__dict__:  # an outside scheme's own row (lm.config.outside checks it)
@@ -94,7 +94,7 @@ class ScoreBias(Scheme):
     it: ``formula(*arguments, head, query_position, key_position)``, a plain function of the
     distances and the layer's parameters (``arguments()``, computed once per forward pass). It
     runs on tensors that broadcast (``[1, H, 1, 1]``, ``[B|1, 1, Lq, 1]``, ``[B|1, 1, 1, Lk]``)
-    or, inside FlexAttention's score function, on one pair's 0-d tensors. With ``shared`` set,
+    or, inside FlexAttention's score function, on one pair's 0-d tensors. With ``one_bias`` set,
     the model makes the bias once per forward pass from the first layer of the scheme and every
     layer reads it (``Positions.biases``); otherwise each layer makes its own."""
 
@@ -110,7 +110,7 @@ class ScoreBias(Scheme):
 
     def score_bias(self, where: Positions, mask: Mask, *content: object) -> torch.Tensor | Callable:
         # a bias of positions alone: the layer's content (x, q, k, cache) is not read
-        return where.biases[type(self)] if self.shared else self.bias(where, mask)
+        return where.biases[type(self)] if self.one_bias else self.bias(where, mask)
 
     def bias(self, where: Positions, mask: Mask) -> torch.Tensor | Callable:
         """``B`` at ``where`` in the form of ``mask``'s kernel: FlexAttention's score function,
