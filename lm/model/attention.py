@@ -21,7 +21,7 @@ al. 2020, Qwen3): RMSNorm over each head's query and key, with a trained gain pe
 before the position scheme rotates them or biases their scores.
 
 Smeared keys (``model.smear_keys``; Olsson et al. 2022, the smeared-key architecture): each key
-mixed with its document's previous token's by a learned gate per key head, after QK-norm and
+mixed with its document's previous token's by a trained gate per key head, after QK-norm and
 before the scheme's rotation (:class:`SmearKeys`).
 """
 
@@ -98,11 +98,11 @@ class MultiHeadAttention(nn.Module):
 
 class SmearKeys(nn.Module):
     """Smeared keys (Olsson et al. 2022, "In-context Learning and Induction Heads", the smeared
-    key architecture): key head h mixes each key with its previous token's by a learned gate,
+    key architecture): key head h mixes each key with its previous token's by a trained gate,
     ``k'_t = sigmoid(a_h) k_t + (1 - sigmoid(a_h)) k_(t-1)``, so that one layer can match a
     query against the token before a key (an induction head without a previous-token head).
     ``a_h`` starts at 0: an even mix, where the gate's slope is steepest. The previous token is
-    the previous real token of the key's document; a document's first token has none and keeps
+    the previous real token of the key's document; a document's first token has no such token and keeps
     its own key (``Positions.previous``)."""
 
     def __init__(self, config: ModelConfig, layer: int = 0):
