@@ -102,8 +102,8 @@ class SmearKeys(nn.Module):
     ``k'_t = sigmoid(a_h) k_t + (1 - sigmoid(a_h)) k_(t-1)``, so that one layer can match a
     query against the token before a key (an induction head without a previous-token head).
     ``a_h`` starts at 0: an even mix, where the gate's slope is steepest. The previous token is
-    the previous real token of the key's document; a document's first token has no such token and keeps
-    its own key (``Positions.previous``)."""
+    the previous real token of the key's document; a document's first token has no such token
+    and keeps its own key (``Positions.previous``)."""
 
     def __init__(self, config: ModelConfig, layer: int = 0):
         super().__init__()
