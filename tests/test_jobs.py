@@ -72,7 +72,9 @@ def test_two_jobs_train_every_run_as_one_at_a_time_does(sweeps):
         if i < 2:
             assert threads == max(1, cores // 2)  # the cores, divided between the jobs
         else:
-            assert threads is None  # the last, alone: trained in lm compare's own process
+            # The last: in lm compare's own process (None) when the first two end within one
+            # look at the jobs, else in a job beside the one still training (a busy machine).
+            assert threads in (None, max(1, cores // 2))
         assert yaml.safe_load((alone / "config.yaml").read_text())["train"]["threads"] is None
         for key in ("train_loss", "val_loss"):
             assert losses(together, key) == losses(alone, key) != {}
