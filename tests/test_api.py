@@ -95,6 +95,10 @@ WRONG = {
     "key_mask": lambda run, d: lm.attention_mask([[True]]),
     "length": lambda run, d: lm.sinusoids(None, 4),
     "positions": lambda run, d: lm.rope(torch.ones(2, 4), [0, 1]),
+    "path": lambda run, d: lm.load_config(123),
+    "overrides  ": lambda run, d: lm.load_config(None, "model.n_layer=2"),
+    "config ": lambda run, d: lm.TransformerLM(None),
+    "config  ": lambda run, d: lm.TransformerLM(lm.load_config().model),
 }
 
 
@@ -105,7 +109,7 @@ def test_a_wrong_argument_is_one_line_naming_it_and_no_flag(trained, name):
     with pytest.raises(lm.LMError) as e:
         WRONG[name](run, root)
     message = str(e.value)
-    assert message.startswith(name) and "\n" not in message and " --" not in message
+    assert message.startswith(name.rstrip()) and "\n" not in message and " --" not in message
     assert not (root / "o").exists()
 
 

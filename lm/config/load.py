@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import types
 import typing
 from dataclasses import fields
@@ -191,6 +192,14 @@ def load_config(
 ) -> Config:
     """The config in ``path`` (defaults when None) with ``KEY=VALUE`` overrides applied (named
     ``flag`` in an error)."""
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(
+            f"path: {path!r} is not a file path: give a YAML file's path (str or Path)"
+        )
+    if overrides is not None and not (
+        isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides)
+    ):
+        raise ConfigError("overrides: give a list of 'KEY=VALUE' strings")
     raw = read_yaml(path) if path is not None else {}
     if raw is None:
         raw = {}

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from lm.config.errors import LMError
 from lm.config.names import Place
 from lm.config.sections import ModelConfig
 from lm.model.attention import MultiHeadAttention
@@ -106,11 +107,19 @@ class Block(nn.Module):
         return x if self.mlp is None else x + self.drop(self.mlp(self.norm2(x)))
 
 
+def unbuildable(config: object) -> str:
+    """Why ``TransformerLM(config)`` cannot build a model, in one line."""
+    if not isinstance(config, ModelConfig):
+        kind = type(config).__name__
+        return f"config: a {kind} is not a ModelConfig: give lm.load_config(PATH).model"
+    return "config: its vocab_size is not set (it comes from the tokenizer)"
+
+
 class TransformerLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        if config.vocab_size is None:
-            raise ValueError("ModelConfig.vocab_size must be set (it comes from the tokenizer)")
+        if not isinstance(config, ModelConfig) or config.vocab_size is None:
+            raise LMError(unbuildable(config))
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)  # E
         scheme = SCHEME_CLASSES[config.layer_positions[0]]  # one for every layer if on E[w]
