@@ -519,6 +519,22 @@ def test_ctrl_c_with_requests_in_flight_stops_cleanly(runs):
         _stopped(server)
 
 
+def test_a_second_ctrl_c_while_a_request_is_inside_the_model_leaves_at_once_without_abort(runs):
+    address = "data?prompt=" + urllib.parse.quote(PROMPT * 3)
+    server, url = _serve(runs.rope)
+    for _ in range(20):
+        threading.Thread(target=_ask, args=(url + address,), daemon=True).start()
+    time.sleep(0.3)
+    server.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    server.send_signal(signal.SIGINT)
+    _, err = server.communicate(timeout=60)
+    # The request had ended (0), or the second Ctrl-C came during the wait or after it (130, or
+    # -2 where it lands as the interpreter exits): never SIGABRT (-6) or a traceback.
+    assert server.returncode in (0, 130, -signal.SIGINT), err
+    assert err.strip().splitlines()[-1].startswith("lm: ") and "Traceback" not in err, err
+
+
 def _ask(url: str) -> None:
     with contextlib.suppress(OSError, http.client.HTTPException):  # abandoned by the server
         urllib.request.urlopen(url, timeout=60).read()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import json
+import os
 import socket
 import sys
 import threading
@@ -211,7 +212,13 @@ def serve(
         server.serve_forever()
     except KeyboardInterrupt:
         server.server_close()  # no new connection from here on
-        served.stop()
+        try:
+            served.stop()
+        except KeyboardInterrupt:  # a second Ctrl-C: leave at once, the thread in torch untouched
+            print("lm: stopped while a request was inside the model", file=sys.stderr, flush=True)
+            os._exit(
+                130
+            )  # the interpreter's exit would unwind that thread and abort; nothing to save
         print("lm: stopped", file=sys.stderr)
     finally:
         server.server_close()
