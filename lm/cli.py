@@ -265,9 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="runs trained at once, in processes of their own (default 1): on CPU the cores are "
         "divided between them (train.threads), on GPUs they go round-robin over the devices; "
-        "auto: one per core where the sweep, predicted from its steps as timed here, takes at "
-        "most 0.9 of one at a time, else 1 (one per GPU); the costliest runs start first, and "
-        "runs left training take the cores finished ones give back",
+        "auto: one per core where the sweep, predicted from its step timed here on every core "
+        "and on one thread, takes at most 0.9 of one at a time, else 1 (one per GPU); runs "
+        "left training take the cores finished ones give back",
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
@@ -344,9 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     h = sub.add_parser(
         "choices",
-        help="what auto (train.dtype, model.kernel, --jobs) measured here, and where it is kept",
+        help="the steps lm compare --jobs auto timed here, and where they are kept",
     )
-    h.add_argument("--clear", action="store_true", help="forget every measured choice")
+    h.add_argument("--clear", action="store_true", help="forget every kept timing")
     return parser
 
 
@@ -598,11 +598,11 @@ def _cmd_choices(args: argparse.Namespace) -> int:
 
     path = choices.cache_file()
     if args.clear:
-        print(f"lm: forgot {choices.clear()} measured choice(s) in {path}", file=sys.stderr)
+        print(f"lm: forgot {choices.clear()} kept timing(s) in {path}", file=sys.stderr)
         return 0
     entries, ignored = choices.load()
     ignored = f" ({ignored}: ignored)" if ignored else ""
-    print(f"lm: {len(entries)} measured choice(s) in {path}{ignored}", file=sys.stderr)
+    print(f"lm: {len(entries)} kept timing(s) in {path}{ignored}", file=sys.stderr)
     for row in choices.rows(entries):
         print(row)
     return 0

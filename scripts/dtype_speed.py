@@ -1,5 +1,5 @@
-"""fp32 against bf16 autocast, training steps side by side per model width: what
-``train.dtype: auto`` decides from.
+"""fp32 against bf16 autocast, training steps side by side per model width: the figures behind
+``train.dtype: auto``'s rule (``lm.runtime.device.auto_rule``).
 
     python scripts/dtype_speed.py                       # widths 64..768: 4 layers, 16 x 64 tokens
     python scripts/dtype_speed.py --widths 128 --optimizer muon --attention math --rounds 60
@@ -8,7 +8,7 @@ For each width it builds the same model twice (same initial weights) and runs fu
 (the trainer's own Stepper: forward, loss, backward, clipping, optimizer) of the fp32 one and the
 bf16-autocast one in turn, so that a machine whose speed drifts slows both alike; it prints the
 median time of each and the median and spread of the per-round ratios. It also prints the CPU's
-bf16 instructions and what ``train.dtype: auto`` picks at each width here.
+bf16 instructions and what ``train.dtype: auto`` picks at each width here with that kernel.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 an empty choices cache (what a first sweep of its shape pays, its timing included): the wall
 times, their ratio, pair by pair, and whether both trained the same numbers.
 
-    python scripts/jobs_bench.py                     # the three shapes of docs/performance.md
+    python scripts/jobs_bench.py                     # the three shapes of docs/sweeps.md
     python scripts/jobs_bench.py --shapes flipflop --repeats 3
 
 Run it alone on the machine: a benchmark beside other work measures that work.

@@ -1,5 +1,5 @@
-"""Every test runs offline, with its own empty token-id cache, and with the choices ``auto``
-would measure fixed (``LM_TUNE=off``).
+"""Every test runs offline, with its own empty token-id cache, and with ``--jobs auto``'s timing
+off (``LM_TUNE=off``: one job).
 
 The offline switches are set at import, before any test imports ``datasets`` or
 ``huggingface_hub``, which read them once. The suite runs on one worker process per core
@@ -14,7 +14,7 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["LM_TUNE"] = "off"  # choices left to auto are fixed, not timed (tests of it turn it on)
+os.environ["LM_TUNE"] = "off"  # --jobs auto times nothing: one job (tests of it turn it on)
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch reads it, here and in subprocesses
     import torch

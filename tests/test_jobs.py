@@ -275,21 +275,3 @@ def test_a_run_left_training_alone_takes_the_cores_the_finished_one_gave_back(
     assert main(["train", str(cfg), "--out", str(tmp_path / "alone"), "--quiet"]) == 0
     assert losses(long) == losses(tmp_path / "alone")
     assert_same_weights(long, tmp_path / "alone")
-
-
-def test_jobs_auto_trains_the_costliest_runs_first(tmp_path, monkeypatch):
-    """Where --jobs auto weighed the runs, they start costliest first (a long run started last
-    would train alone at the end); the report keeps the sweep's own order."""
-    import lm.compare.sweep as sweep
-
-    cfg = write_config(tmp_path / "tiny.yaml", data={"cache_dir": str(tmp_path / "cache")})
-    started = []
-    monkeypatch.setattr(sweep, "_auto_jobs", lambda configs, device, log: (2, [1.0, 3.0, 2.0]))
-    monkeypatch.setattr(
-        sweep, "run_jobs", lambda jobs, *args: started.extend(j.run_dir.name for j in jobs)
-    )
-    runs = sweep.run_sweep(
-        cfg, None, None, seeds=[1, 2, 3], out_dir=tmp_path / "out", quiet=True, jobs="auto"
-    )
-    assert started == ["seed2", "seed3", "seed1"]
-    assert [run.name for run in runs] == ["seed1", "seed2", "seed3"]

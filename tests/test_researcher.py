@@ -13,55 +13,49 @@ import torch
 from _support import assert_one_line, expect_error, tiny_config
 
 import lm
-import lm.training.tune as tune
 from lm.cli import main
 from lm.data.sources import cache_root
 from lm.evaluate import evaluate_lengths
 from lm.runtime import choices
-from lm.training.loop import train
 
 
-def fake_steps(seconds: dict[str, float]):
-    return {name: (lambda s=s: s) for name, s in seconds.items()}
+def measure(ms=None):
+    return lambda: dict(ms or MS)
 
 
-STEPS = {"fp32": 0.01, "bf16": 0.02}
-CONTEXT = {"model": {"d_model": 64}, "threads": 1}
+MS = {"every": 10.0, "one": 20.0}
+CONTEXT = {"model": {"d_model": 64}, "cores": 2}
 
 
 def _kept(entry) -> None:
-    """``choices.json`` holding ``entry`` under the key a dtype choice of CONTEXT reads."""
+    """``choices.json`` holding ``entry`` under the key a timing of CONTEXT reads."""
     path = choices.cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({choices.key("train.dtype", CONTEXT): entry}))
+    path.write_text(json.dumps({choices.key(CONTEXT): entry}))
 
 
-GOOD = {"value": "fp32", "ms_per_step": {"fp32": 1.0, "bf16": 2.0}, "measured": "then"}
+GOOD = {"ms_per_step": {"every": 1.0, "one": 2.0}, "measured": "then"}
 
 
 @pytest.mark.parametrize(
     "entry",
     [
         "fp32 sdpa",
-        {**GOOD, "value": ["fp32 sdpa"]},
         {**GOOD, "ms_per_step": [1, 2]},
-        {**GOOD, "ms_per_step": {"fp32 sdpa": "x"}},
-        {**GOOD, "ms_per_step": {"fp32": float("nan")}},
+        {**GOOD, "ms_per_step": {"every": "x", "one": 2.0}},
+        {**GOOD, "ms_per_step": {"every": float("nan"), "one": 2.0}},
         {**GOOD, "measured": 5},
     ],
 )
 def test_a_damaged_entry_counts_as_absent_is_measured_again_and_listed_without_it(entry, capsys):
     _kept(entry)
-    made = choices.choose("train.dtype", CONTEXT, fake_steps(STEPS), tune._prefer)
-    assert (made.value, made.how, made.not_kept) == ("fp32", "measured", "")
-    assert choices.read()[choices.key("train.dtype", CONTEXT)]["ms_per_step"] == {
-        "fp32": 10.0,
-        "bf16": 20.0,
-    }
+    made = choices.timing(CONTEXT, measure(), cpus_used=2)
+    assert (made.ms, made.how, made.not_kept) == (MS, "measured", "")
+    assert choices.read()[choices.key(CONTEXT)]["ms_per_step"] == MS
     _kept(entry)
     assert main(["choices"]) == 0
     out = capsys.readouterr()
-    assert "0 measured choice(s)" in out.err and "1 entry not of lm's: ignored" in out.err
+    assert "0 kept timing(s)" in out.err and "1 entry not of lm's: ignored" in out.err
     assert out.out == ""
 
 
@@ -80,16 +74,15 @@ def test_a_foreign_cache_file_is_listed_as_empty_never_a_traceback(text, capsys)
     choices.cache_file().parent.mkdir(parents=True, exist_ok=True)
     choices.cache_file().write_text(text, encoding="latin-1")
     assert main(["choices"]) == 0
-    assert "0 measured choice(s)" in capsys.readouterr().err
-    steps = fake_steps(STEPS)
-    assert choices.choose("train.dtype", CONTEXT, steps, tune._prefer).how == "measured"
+    assert "0 kept timing(s)" in capsys.readouterr().err
+    assert choices.timing(CONTEXT, measure(), cpus_used=2).how == "measured"
     assert len(choices.read()) == 1  # rewritten as lm's own
 
 
 def test_lm_choices_rows_that_differ_only_in_position_or_window_say_how(capsys):
     for position, window in (("rope", None), ("alibi", None), ("rope", 8)):
-        context = {"model": {"d_model": 64, "position": position, "window": window}, "threads": 1}
-        choices.choose("train.dtype", context, fake_steps(STEPS), tune._prefer)
+        context = {"model": {"d_model": 64, "position": position, "window": window}, "cores": 2}
+        choices.timing(context, measure(), cpus_used=2)
     assert main(["choices"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 3 and len(set(rows)) == 3
@@ -111,13 +104,12 @@ def misplaced(tmp_path, monkeypatch, request):
 @pytest.mark.parametrize("misplaced", ["under a file", "a folder"], indirect=True)
 def test_lm_choices_clear_of_a_misplaced_cache_is_one_line(misplaced, capsys):
     assert main(["choices"]) == 0  # nothing kept there: an empty list
-    assert "0 measured choice(s)" in capsys.readouterr().err
+    assert "0 kept timing(s)" in capsys.readouterr().err
     expect_error(capsys, ["choices", "--clear"], "lm choices --clear: cannot remove")
 
 
 def test_lm_choices_clear_of_a_read_only_cache_is_one_line(monkeypatch, capsys):
-    steps = fake_steps(STEPS)
-    choices.choose("train.dtype", CONTEXT, steps, tune._prefer)
+    choices.timing(CONTEXT, measure(), cpus_used=2)
 
     def refuse(self, missing_ok=False):
         raise PermissionError(1, "Operation not permitted")
@@ -127,23 +119,13 @@ def test_lm_choices_clear_of_a_read_only_cache_is_one_line(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("misplaced", ["under a file", "a folder"], indirect=True)
-def test_a_cache_that_cannot_be_written_is_recorded_as_not_kept(
-    misplaced, tmp_path, monkeypatch, capsys
-):
+def test_a_cache_that_cannot_be_written_is_used_and_said_not_kept(misplaced, monkeypatch):
+    import lm.compare.auto_jobs as sbs
+
     monkeypatch.setenv("LM_TUNE", "on")
-    monkeypatch.setattr(tune, "cpu_bf16_kind", lambda: "avx512_bf16")
-    config = tiny_config(
-        model={"kernel": "sdpa"},
-        data={"cache_dir": str(tmp_path / "data")},
-        train={"dtype": "auto", "max_steps": 2, "eval_every": 0},
-    )
-    train(config, tmp_path / "run")
-    record = json.loads((tmp_path / "run" / "run.json").read_text())["ran"]["dtype_choice"]
-    assert record["how"] == "measured" and "cache" not in record
-    assert "could not be written" in record["not_kept"]
-    err = capsys.readouterr().err
-    assert "measured now (" in err and "not kept: " in err and "kept in" not in err
-    assert "the next run measures again" in err
+    monkeypatch.setattr(sbs, "probe", lambda step, cores: dict(MS))
+    made = sbs.auto_jobs(tiny_config(model={"vocab_size": 40}), torch.device("cpu"), 2, 4, 100)
+    assert (made.how, made.ms) == ("measured", MS) and "could not be written" in made.not_kept
 
 
 def test_a_read_only_cache_folder_is_recorded_as_not_kept(monkeypatch):
@@ -151,9 +133,8 @@ def test_a_read_only_cache_folder_is_recorded_as_not_kept(monkeypatch):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(choices.os, "replace", refuse)  # chattr +i: refused even to root
-    made = choices.choose("train.dtype", CONTEXT, fake_steps(STEPS), tune._prefer)
+    made = choices.timing(CONTEXT, measure(), cpus_used=2)
     assert made.how == "measured" and "Operation not permitted" in made.not_kept
-    assert "cache" not in made.record() and made.record()["not_kept"] == made.not_kept
     assert not list(choices.cache_file().parent.iterdir())  # no temporary file left behind
 
 
@@ -440,76 +421,3 @@ def test_a_report_of_two_tasks_says_why_one_has_no_cell_under_the_others_columns
     markdown, _ = render(runs, "w1", 4)
     assert "n/a" in markdown
     assert "The runs are of 2 tasks (builtin:flipflop, builtin:copy)" in markdown
-
-
-def _fake_pool(monkeypatch, one: float, together: float, start: float, probe: float | None = None):
-    """``--jobs auto`` timing nothing: a step of one run on every core, of the one-thread runs
-    at once, a job's start, and the probe's step (default ``one``); returns the calls made."""
-    import lm.compare.auto_jobs as sbs
-
-    calls: list[str] = []
-
-    def timed(name, value):
-        def fake(*args):
-            calls.append(name)
-            return value
-
-        return fake
-
-    monkeypatch.setenv("LM_TUNE", "on")
-    # The probe's step on every core, and on one thread: as fast as a run beside the others.
-    probed = (one if probe is None else probe, 2 * together)
-    monkeypatch.setattr(sbs, "_probe", timed("probe", probed))
-    monkeypatch.setattr(sbs, "_one", timed("one", (one, None)))
-    monkeypatch.setattr(sbs, "_together", timed("together", (together, start)))
-    return sbs, calls
-
-
-def test_jobs_auto_runs_a_sweep_too_short_to_pay_for_measuring_one_at_a_time(monkeypatch):
-    cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
-    # The copy shape's sweep: 3 runs of 300 steps at 20 ms a step, 18 s one at a time; its
-    # measurement (two windows, a pool's start and warm-ups) would cost about 7 s.
-    sbs, calls = _fake_pool(monkeypatch, one=0.020, together=0.008, start=1.0)
-    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
-    # Decided from this process's steps alone (on both cores, on one thread: 16 ms), with a
-    # job's start guessed: 2.5 s + 300 x 16 ms for two runs, then the third alone, 6 s: 13 s.
-    assert (n, choice.how, calls) == (2, "probed", ["probe"])  # no pool measured
-    assert choice.ms_per_step == {"1": 20.0, "2": 8.0, "start": 1000 * sbs.START_GUESS_S}
-    assert choice.why == (
-        "3 runs of 300 steps: about 13 s 2 at a time, 18 s one at a time; side by side timed "
-        "in this process only (now): measuring it in 2 processes (about 6 s) would not pay"
-    )
-    # The probe's steps are kept (a machine times a shape once); nothing side by side is.
-    assert [json.loads(k)["kind"] for k in choices.read()] == ["compare.probe"]
-    # A long sweep of the same shape measures, and keeps it; then even a short one reads it
-    # back for nothing (no probe) and decides from it.
-    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=8, steps=2000)
-    assert (n, choice.how) == (2, "measured") and calls[1:] == ["one", "together"]  # probe kept
-    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=3, steps=300)
-    assert choice.how == "cached" and calls[3:] == []
-
-
-@pytest.mark.parametrize("one_ms", [1, 5, 20, 80, 300])
-@pytest.mark.parametrize("together_ms", [3, 9, 15, 19, 40])
-@pytest.mark.parametrize(("runs", "steps"), [(2, 50), (3, 300), (4, 400), (21, 1500), (3, 150)])
-def test_jobs_auto_never_predicts_a_sweep_slower_than_one_at_a_time(
-    monkeypatch, one_ms, together_ms, runs, steps
-):
-    """Whatever the timings: a sweep that measures pays at most MEASURE_SHARE of its time one
-    at a time for it, and takes side by side only where that, measurement included, is not
-    slower than one at a time as predicted."""
-    cfg, cpu = tiny_config(model={"vocab_size": 40}), torch.device("cpu")
-    sbs, calls = _fake_pool(monkeypatch, one_ms / 1000, together_ms / 1000, start=2.0)
-    n, choice = sbs.auto_jobs(cfg, cpu, 2, runs=runs, steps=steps)
-    alone = runs * steps * one_ms / 1000
-    cost = sbs.measuring_cost(one_ms / 1000, 2)
-    _, together = sbs.predict(choice.ms_per_step, 2, runs, steps)
-    if "one" not in calls:  # decided from this process's steps: nothing paid for measuring
-        assert choice.how == "probed"
-        assert (n == 2) == (together <= sbs.GAIN * alone + 1e-9)
-        return
-    assert cost <= sbs.MEASURE_SHARE * alone + 1e-9
-    if n == 2:
-        assert together + cost <= alone + 1e-9
-    else:
-        assert together > sbs.GAIN * alone

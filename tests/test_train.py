@@ -426,7 +426,7 @@ def test_flex_attention_trains_on_cpu_through_sdpa_masks_and_says_so_once(tmp_pa
 
 
 def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, capsys):
-    from lm.runtime.device import resolve_dtype
+    from lm.runtime.device import cpu_bf16_kind, resolve_dtype
 
     cores = len(os.sched_getaffinity(0))
     cfg = tiny_config(
@@ -437,21 +437,22 @@ def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, c
     assert f"train.threads=999 is more than the {cores} cores" in err
     ran = json.loads((tmp_path / "run" / "run.json").read_text())["ran"]
     dtype = resolve_dtype("auto", torch.device("cpu"), cfg.model)
+    assert dtype == torch.float32  # width 32: fp32 with SDPA on any CPU (lm.runtime.device)
+    why = ran["dtype_choice"]["why"]
     assert ran == {
         "device": "cpu",
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "float32",
         "kernel": "math",  # a learned bias trains through the notes' formula on CPU
         "threads": cores,
         "compile": False,
-        # auto is not timed in the test suite (LM_TUNE=off): the fallback, and why
-        "dtype_choice": {
-            "value": {"float32": "fp32", "bfloat16": "bf16"}[str(dtype).removeprefix("torch.")],
-            "how": "fallback",
-            "why": ran["dtype_choice"]["why"],
-        },
-        "kernel_choice": {"value": "sdpa", "how": "fallback", "why": "LM_TUNE=off"},
+        # auto is decided by a rule of the CPU and the width, and says why
+        "dtype_choice": {"value": "fp32", "how": "rule", "why": why},
+        "kernel_choice": {"value": "sdpa", "how": "rule", "why": why},
     }
-    assert ran["dtype_choice"]["why"] in ("LM_TUNE=off", "no bf16 instructions on this CPU: fp32")
+    assert why in (
+        "no bf16 instructions on this CPU",
+        f"bf16 instructions ({cpu_bf16_kind()}), width 32 < 128",
+    )
     assert "dtype: auto" in (tmp_path / "run" / "config.yaml").read_text()  # as given
     resumed = tiny_config(model={"position": "t5"}, train={"max_steps": 4, "threads": 1})
     train(resumed, tmp_path / "run", resume=True, quiet=True)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from lm.compare.auto_jobs import auto_jobs, step_weights
+from lm.compare.auto_jobs import auto_jobs
 from lm.compare.jobs import Job, run_jobs
 from lm.compare.measure import (
     MEASURED,
@@ -51,7 +51,6 @@ from lm.runs.code import read_run_config
 from lm.runs.directory import CONFIG, check_out_dir
 from lm.runtime import choices
 from lm.runtime.device import resolve_device
-from lm.training.tune import batch_width
 
 DEFAULT_OUT = Path("runs/compare")
 EVAL_KEYS = ("eval.rope_scaling",)
@@ -293,76 +292,40 @@ def run_sweep(
             vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
         )
     _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
-    weights = None
     if jobs == "auto":
-        jobs, weights = _auto_jobs(configs, device, log)
+        jobs = _auto_jobs(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
-    # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
-    # disturb: one at a time or --jobs N, every run trains the same numbers.
     measure = None
     if measure_device is not None:
         measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
-    with choices.fixed():
-        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure, weights)
+    _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure)
     return [run_dir for run_dir, _ in plan]
 
 
-def _auto_jobs(
-    configs: list[Config], device: torch.device, log: Callable[[str], None]
-) -> tuple[int, list[float] | None]:
-    """``--jobs auto``: the runs to train at once, decided for the sweep's runs and steps at its
-    first config's shape by :func:`lm.compare.auto_jobs.auto_jobs` (its data prepared first:
-    the model's vocabulary is the tokenizer's), and said in one line. Also each run's cost
-    against the first's where the decision timed them (else None): the order to train them in."""
+def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
+    """``--jobs auto``: the runs to train at once, decided for the sweep's runs and mean steps
+    at its first config's shape by :func:`lm.compare.auto_jobs.auto_jobs` (its data prepared
+    first: the model's vocabulary is the tokenizer's), and said in one line."""
     config = configs[0]
     data = prepare_data(config.data, log=None)
     vocab = data.tokenizer.vocab_size
     sized = config.replace(model=dataclasses.replace(config.model, vocab_size=vocab))
     cores = torch.get_num_threads()
     steps = round(sum(c.train.max_steps for c in configs) / len(configs))
-    width = batch_width(sized, data)
-    weighed: list[float] = []
-
-    def weigh(seconds: float, step: float, alone: bool) -> list[float]:
-        """Each run's steps against the mean, times its model's step against the first's where
-        timing the other models takes at most ``seconds`` (a step each: ``step``, and two more
-        for its warm-up and build); the first's too unless ``step`` was timed alone."""
-        weighed[:] = [c.train.max_steps / steps for c in configs]
-        models = [dataclasses.replace(c.model, vocab_size=vocab) for c in configs]
-        others = len({repr(m) for m in models}) - 1
-        if others and 3 * (others + (not alone)) * step <= seconds:
-            micro = sized.train.batch_size // sized.train.accumulation(1)
-            first = step if alone else None
-            costs = step_weights(models, sized.train, (micro, width), first=first)
-            weighed[:] = [w * cost for w, cost in zip(weighed, costs, strict=True)]
-        return weighed
-
-    n, choice = auto_jobs(sized, device, cores, len(configs), steps, width, weigh)
-    if choice.ms_per_step:
-        ms = choice.ms_per_step
-        log(
-            f"compare: --jobs auto: {n} ({choice.why}; a step of {cores} one-thread runs at "
-            f"once {ms[str(cores)]:.0f} ms, of one run on {cores} threads {ms['1']:.0f} ms, a "
-            f"job's start {ms.get('start', 0) / 1000:.1f} s; {_said(choice)})"
-        )
-    else:
-        log(f"compare: --jobs auto: {n} ({choice.why})")
-    return n, (weighed if len(set(weighed)) > 1 else None)
-
-
-def _said(choice: choices.Choice) -> str:
-    """Where ``--jobs auto``'s timings come from, and whether they were kept."""
-    if choice.how == "probed":
-        kept = f"kept in {choices.cache_file()}"
-        kept = f"not kept: {choice.not_kept}" if choice.not_kept else kept
-        return (
-            "side by side not measured, a job's start as this machine measured it for other "
-            f"shapes (else guessed); the steps {kept}"
-        )
-    if choice.not_kept:
-        return f"measured now, not kept: {choice.not_kept}; the next sweep measures again"
-    when = "measured now" if choice.how == "measured" else "measured earlier"
-    return f"{when} on this machine, kept in {choices.cache_file()}"
+    decided = auto_jobs(sized, device, cores, len(configs), steps, data)
+    if not decided.ms:
+        log(f"compare: --jobs auto: {decided.jobs} ({decided.why})")
+        return decided.jobs
+    when = "measured now" if decided.how == "measured" else "measured earlier"
+    kept = f"kept in {choices.cache_file()}"
+    if decided.not_kept:
+        kept = f"not kept: {decided.not_kept}; the next sweep measures again"
+    log(
+        f"compare: --jobs auto: {decided.jobs} ({decided.why}; a step of one run on {cores} "
+        f"threads {decided.ms['every']:.0f} ms, on one thread {decided.ms['one']:.0f} ms, "
+        f"{when} on this machine, {kept})"
+    )
+    return decided.jobs
 
 
 def _train_plan(
@@ -375,18 +338,15 @@ def _train_plan(
     quiet: bool,
     log: Callable[[str], None],
     measure: str | None = None,
-    weights: list[float] | None = None,
 ) -> None:
     """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
-    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says), the
-    costliest first where ``weights`` gives each run's cost."""
+    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says)."""
     # Here, not above: a report alone never trains, and the trainer's imports (distributed
     # checkpointing among them) take seconds.
     from lm.training.loop import train
 
     waiting = []
-    costs = weights or [0.0] * len(plan)
-    for (run_dir, keys), config, cost in zip(plan, configs, costs, strict=True):
+    for (run_dir, keys), config in zip(plan, configs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             _check_same_config(run_dir, config)
@@ -404,26 +364,24 @@ def _train_plan(
             args = [str(config_path), "--out", str(run_dir), again]
             args += ["--measure", measure] if measure is not None else []
             args += ["--set", *keys]
-            waiting.append((Job(run_dir, args, config.train.max_steps), config, cost))
+            waiting.append((Job(run_dir, args, config.train.max_steps), config))
             continue
         _train_here(train, config, run_dir, checkpoint is not None, quiet)
     if waiting:
         # The first run of each data config makes its tokenizer and ids; here, once, first.
-        for data in {c.data: None for _, c, _ in waiting}:
+        for data in {c.data: None for _, c in waiting}:
             prepare_data(data, log=None if quiet else log)
         gpus = torch.cuda.device_count() if device.type == "cuda" else 0
         # On CPU the jobs divide the cores, unless the config fixes every run's threads.
         divide = device.type == "cpu" and base.train.threads is None
         cores = torch.get_num_threads() if divide else None
-        configs_of = {job.run_dir: config for job, config, _ in waiting}
+        configs_of = {job.run_dir: config for job, config in waiting}
 
         def here(job: Job) -> None:
             resume = latest_checkpoint(job.run_dir) is not None
             _train_here(train, configs_of[job.run_dir], job.run_dir, resume, quiet)
 
-        # The costliest first: a long run left to start last would train alone at the end.
-        ordered = sorted(waiting, key=lambda planned: -planned[2])
-        run_jobs([job for job, _, _ in ordered], jobs, gpus, log, cores, here)
+        run_jobs([job for job, _ in waiting], jobs, gpus, log, cores, here)
 
 
 def _train_here(

@@ -187,8 +187,8 @@ MLPS = ("gelu", "swiglu", "relu2", "none")
 (Llama), squared ReLU (Primer, nanochat), or none: an attention-only block (Elhage et al. 2021)."""
 
 KERNELS = ("sdpa", "flex", "math", "auto")
-"""``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``); ``auto``: the
-faster of sdpa and math, measured by ``lm train`` on this machine (``lm.training.tune``)."""
+"""``model.kernel``: how ``softmax(S + M) V`` is computed (``lm.model.kernels``); ``auto``: sdpa
+or math by the CPU's bf16 instructions and the width (``lm.runtime.device.auto_rule``)."""
 
 ROPE_SCALINGS = ("none", "pi", "ntk", "yarn")
 """RoPE context extensions (``lm.model.schemes.rope``): none, Position Interpolation,

@@ -128,8 +128,9 @@ class ModelConfig(ModelChecks):
     kernel: str = "auto"
     """How softmax(S + M) V is computed: sdpa (PyTorch's fused kernel; FlexAttention for masks
     and biases in a model compiled for a GPU) | flex | math (the notes' formula written out) |
-    auto (sdpa or math, whichever trains this shape faster on this CPU, timed once by lm train and
-    kept; sdpa where not timed; config.yaml records the one that ran). lm/model/kernels.py."""
+    auto (math where the dtype is bf16 on a CPU with bf16 instructions, at width 128 or more;
+    else sdpa: lm.runtime.device.auto_rule; config.yaml records the one that ran).
+    lm/model/kernels.py."""
     bias: bool = False
     """Biases in linear layers and norms (the notes omit them)."""
     tie_embeddings: bool = True
@@ -392,9 +393,10 @@ class TrainConfig:
     device: str = "auto"
     """auto (cuda, then mps, then cpu) | cpu | cuda | mps."""
     dtype: str = "auto"
-    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler). auto: on a CPU, the
-    faster of fp32 and bf16 for this run's shape, timed once on this machine (lm choices);
-    on a GPU bf16 where supported, else fp16."""
+    """auto | fp32 | bf16 | fp16 (autocast; fp16 adds a gradient scaler). auto: on a CPU with
+    bf16 instructions, bf16 from model.d_model 128 where model.kernel is math or auto (which then
+    takes math), else fp32 (lm.runtime.device.auto_rule); on a GPU bf16 where supported, else
+    fp16."""
     threads: int | None = None
     """CPU threads of this run's math; default: torch's (the cores). The numbers do not depend
     on it: a run on one thread equals the same run on two, bit for bit (fp32)."""

@@ -1,50 +1,34 @@
-"""Choices that depend on the machine, measured where they run, and kept.
+"""Timings that depend on the machine, measured where they run, and kept.
 
-Which autocast dtype trains faster on a CPU depends on the CPU (Intel's AMX tiles, AVX-512-BF16
-dot products, or neither), on the attention kernel and on the model's shape, and a table of CPU
-kinds is wrong on the next CPU. So a choice left to ``auto`` is timed on this machine, once, for
-the run's own shape, and the answer is kept in ``choices.json`` under ``$LM_CACHE`` (else
-``$XDG_CACHE_HOME/lm``, else ``~/.cache/lm``), keyed by what decides it: the CPU's model name,
-torch's version, the device and the shape. Later runs read it: the first pays a few seconds,
-the rest nothing. ``lm choices`` prints the file and what it holds; ``lm choices --clear``
-empties it. A damaged or foreign file, or entry, counts as absent; a file that cannot be
-written leaves the measurement used but not kept, and the run's record says so.
+``lm compare --jobs auto`` decides from a training step of the sweep's shape timed on every core
+and on one thread (:mod:`lm.compare.auto_jobs`). A machine times each shape once: the timings
+are kept in ``choices.json`` under ``$LM_CACHE`` (else ``$XDG_CACHE_HOME/lm``, else
+``~/.cache/lm``), keyed by what decides them: the CPU's model name, torch's version, the cores
+and the shape. ``lm choices`` prints the file and what it holds; ``lm choices --clear`` empties
+it. A damaged or foreign file, or entry, counts as absent (one check, :func:`_valid`, for every
+reader); a file that cannot be written leaves the timings used but not kept, and the sweep says
+so. ``LM_TUNE=off`` turns measuring off (the test suite does, so that ``--jobs auto`` is one
+job there).
 
-``LM_TUNE=off`` turns measuring off (the test suite does, so that its choices are fixed), and
-so does ``lm compare`` for its runs (:func:`fixed`), so that two jobs at once never time each
-other and every run trains the same numbers one at a time or side by side: a choice then comes
-from the fallback its caller gives, as it would without this module, and says which of the two
-kept it from measuring.
-
-A measurement taken while other work kept the CPUs busy times that work as much as the
-candidates, and a cached answer would outlive it. So each measurement is watched (Linux's
-``/proc/stat``: the CPU time every CPU spent busy, less this process's and its children's); one
-during which other work took more than the CPUs it left free is not kept, and the next run
-measures again. A run's dtype and kernel change its numbers, so there it gives way to the
-portable default (fp32, sdpa): one command trains one result however busy the machine; the
-jobs of ``--jobs auto`` change only how fast a sweep trains, so there it is used. Where
-``/proc/stat`` cannot be read (not Linux) nothing is watched.
-
-An entry counts only if it is one lm writes, checked once (:func:`_valid`) for every reader:
-a kind lm keeps, one of its values, every candidate's timing in milliseconds above 0.
-
-This module times what it is given and keeps the answers; what to time (a training step in
-each dtype) is the caller's (``lm.training.tune``). It imports no torch.
+A timing taken while other work kept the CPUs busy times that work as much as the step, and a
+kept one would outlive it. So each is watched (Linux's ``/proc/stat``: the CPU time every CPU
+spent busy, less this process's and its children's), and one during which other work took more
+than the CPUs it left free is used but not kept: the number of jobs changes how fast a sweep
+trains, never its numbers. Where ``/proc/stat`` cannot be read (not Linux) nothing is watched.
+It imports no torch but for the cache key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import itertools
 import json
 import math
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +36,17 @@ from lm.config.errors import LMError
 
 FILE = "choices.json"
 
+KIND = "compare.probe"
+TIMED = ("every", "one")
+"""The one kind of entry lm keeps, and its timings: a step on every core, and on one thread."""
+
 BUSY_SLACK = 0.25
 """CPUs' worth of other work a kept measurement may have run beside, beyond the CPUs it left
 free: a quiet machine's own housekeeping stays well under it, a second program does not."""
 
 
 def cache_dir() -> Path:
-    """lm's cache folder (measured choices, tokenized data): ``$LM_CACHE``, else
+    """lm's cache folder (measured timings, tokenized data): ``$LM_CACHE``, else
     ``$XDG_CACHE_HOME/lm`` (an absolute path, as the XDG spec asks; a relative one is ignored),
     else ``~/.cache/lm``."""
     if folder := os.environ.get("LM_CACHE"):
@@ -69,35 +57,14 @@ def cache_dir() -> Path:
 
 
 def cache_file() -> Path:
-    """Where measured choices are kept: ``choices.json`` in :func:`cache_dir`."""
+    """Where measured timings are kept: ``choices.json`` in :func:`cache_dir`."""
     return cache_dir() / FILE
 
 
-SWEEP_RUN = "sweep-run"
-"""``LM_TUNE``'s value inside :func:`fixed`: measuring off, for a sweep's runs."""
-
-
 def not_measuring() -> str:
-    """Why ``auto`` may not measure in this process, or '' where it may: ``LM_TUNE=off`` (or
-    0, no, false), or a sweep's run."""
+    """Why nothing may be measured in this process (``LM_TUNE=off``, or 0, no, false), or ''."""
     value = os.environ.get("LM_TUNE", "").strip()
-    if value == SWEEP_RUN:
-        return "a run of lm compare, which trains the same numbers one at a time or side by side"
     return f"LM_TUNE={value}" if value.lower() in ("off", "0", "no", "false") else ""
-
-
-@contextlib.contextmanager
-def fixed() -> Iterator[None]:
-    """Measuring off while inside, for this process and those it starts (a sweep's runs)."""
-    before = os.environ.get("LM_TUNE")
-    os.environ["LM_TUNE"] = SWEEP_RUN
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("LM_TUNE", None)
-        else:
-            os.environ["LM_TUNE"] = before
 
 
 def cpu_name() -> str:
@@ -112,83 +79,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-@dataclass(frozen=True)
-class Choice:
-    """One choice: the value taken, how (``measured`` now, ``cached`` from an earlier
-    measurement, or ``fallback`` when measuring was off or not possible, with ``why``), and
-    the milliseconds per step each candidate took where it was measured."""
-
-    value: str
-    how: str
-    ms_per_step: dict[str, float] = field(default_factory=dict)
-    why: str = ""
-    not_kept: str = ""  # a measurement the cache refused: why (other work ran beside it)
-
-    def record(self) -> dict[str, Any]:
-        """As run.json's ``ran`` keeps it."""
-        out: dict[str, Any] = {"value": self.value, "how": self.how}
-        if self.ms_per_step:
-            out["ms_per_step"] = self.ms_per_step
-        if self.how in ("measured", "cached") and not self.not_kept:
-            out["cache"] = str(cache_file())
-        if self.not_kept:
-            out["not_kept"] = self.not_kept
-        if self.why:
-            out["why"] = self.why
-        return out
-
-
-def key(kind: str, context: dict[str, Any]) -> str:
-    """The cache key of a choice: its kind, this machine's CPU and torch, and ``context`` (the
-    device and the shape), as one sorted JSON text."""
+def key(context: dict[str, Any]) -> str:
+    """The cache key of a timing: lm's kind, this machine's CPU and torch, and ``context`` (the
+    cores and the shape), as one sorted JSON text."""
     import torch
 
-    entry = {"kind": kind, "cpu": cpu_name(), "torch": torch.__version__, **context}
+    entry = {"kind": KIND, "cpu": cpu_name(), "torch": torch.__version__, **context}
     return json.dumps(entry, sort_keys=True, default=str)
 
 
-TIMED = {"train.dtype": ("fp32", "bf16"), "model.kernel": ("sdpa", "math")}
-"""The settings ``auto`` times for a run (``lm.training.tune``), each with its candidates."""
-
-
-def _expected(what: dict[str, Any]) -> tuple[set[str], set[str]] | None:
-    """The values an entry of this key's kind may take and the timings it names, or None for
-    a kind lm does not keep: a run's settings (one, or the dtype and the kernel together, whose
-    candidates are pairs such as ``bf16 math``), ``--jobs auto``'s probe (a step on every core
-    and on one thread) and its measurement (one job or one per core, and a job's start)."""
-    kind = what.get("kind")
-    if kind == "compare.probe":
-        return {"probe"}, {"every", "one"}
-    if kind == "compare.jobs":
-        cores = what.get("cores")
-        if not (type(cores) is int and cores >= 2):
-            return None
-        return {"1", str(cores)}, {"1", str(cores), "start"}
-    if kind not in ("train.dtype", "model.kernel", "train.dtype+model.kernel"):
-        return None
-    pairs = itertools.product(*(TIMED[setting] for setting in kind.split("+")))
-    names = {" ".join(pair) for pair in pairs}
-    return names, names
-
-
 def _valid(key: str, entry: Any) -> bool:
-    """Whether a kept entry is one this module wrote, so that every reader (``auto``,
-    ``--jobs auto``, ``lm choices``) sees the same entries: its key a JSON object of a kind lm
-    keeps, its value one that kind may take, its timings every candidate's and nothing else,
-    each a finite number of milliseconds above 0, its date a text."""
+    """Whether a kept entry is one this module wrote: its key a JSON object of lm's kind, its
+    timings the two lm takes, each a finite number of milliseconds above 0, its date a text."""
     try:
         what = json.loads(key)
     except (ValueError, RecursionError):
         return False
-    expected = _expected(what) if isinstance(what, dict) else None
-    if expected is None or not isinstance(entry, dict):
+    if not isinstance(what, dict) or what.get("kind") != KIND or not isinstance(entry, dict):
         return False
-    values, timed = expected
     ms = entry.get("ms_per_step")
-    value = entry.get("value")
-    if not isinstance(value, str) or value not in values or not isinstance(ms, dict):
-        return False
-    if set(ms) != timed:
+    if not isinstance(ms, dict) or set(ms) != set(TIMED):
         return False
     if not all(type(v) in (int, float) and math.isfinite(v) and v > 0 for v in ms.values()):
         return False
@@ -196,7 +106,7 @@ def _valid(key: str, entry: Any) -> bool:
 
 
 def load() -> tuple[dict[str, dict[str, Any]], str]:
-    """Every kept choice by its key, and what was ignored ('' where nothing was): a file that
+    """Every kept timing by its key, and what was ignored ('' where nothing was): a file that
     cannot be read or is not JSON counts as empty, an entry this module did not write (a
     damaged or foreign one) is skipped; either is replaced at the next measurement."""
     path = cache_file()
@@ -220,14 +130,14 @@ def load() -> tuple[dict[str, dict[str, Any]], str]:
 
 
 def read() -> dict[str, dict[str, Any]]:
-    """Every kept choice by its key (:func:`load`, less what it ignored)."""
+    """Every kept timing by its key (:func:`load`, less what it ignored)."""
     return load()[0]
 
 
 def _write(entries: dict[str, dict[str, Any]]) -> str:
     """Replace the file whole (a crash mid-write leaves the old one); '' where it was written,
-    else why not: a cache that cannot be written costs the next run a measurement, not its
-    training, and the caller says that it was not kept."""
+    else why not: a cache that cannot be written costs the next sweep a measurement, and the
+    caller says that it was not kept."""
     path = cache_file()
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
@@ -242,7 +152,7 @@ def _write(entries: dict[str, dict[str, Any]]) -> str:
 
 
 def clear() -> int:
-    """Forget every kept choice; returns how many there were. A cache that cannot be removed
+    """Forget every kept timing; returns how many there were. A cache that cannot be removed
     (a folder in its place, under a file, read-only) is an LMError naming it."""
     path = cache_file()
     count = len(read())
@@ -255,51 +165,33 @@ def clear() -> int:
     return count
 
 
-def cached(kind: str, context: dict[str, Any], candidates: Any) -> Choice | None:
-    """The kept choice of ``kind`` for ``context`` (one of ``candidates``), or None: what
-    :func:`choose` reads before it measures."""
-    kept = read().get(key(kind, context))
-    if kept and kept["value"] in candidates:
-        return Choice(kept["value"], "cached", dict(kept.get("ms_per_step", {})))
-    return None
+@dataclass(frozen=True)
+class Timing:
+    """Milliseconds per step by name, ``measured`` now or ``cached`` from an earlier
+    measurement, and why a measurement was not kept ('' where it was, or was read back)."""
+
+    ms: dict[str, float]
+    how: str
+    not_kept: str = ""
 
 
-def choose(
-    kind: str,
-    context: dict[str, Any],
-    candidates: dict[str, Callable[[], float]],
-    prefer: Callable[[dict[str, float]], str],
-    measure: Callable[[dict[str, Callable[[], float]]], dict[str, float]] | None = None,
-    cpus_used: int | None = None,
-    default: str | None = None,
-) -> Choice:
-    """The kept choice of ``kind`` for ``context`` on this machine, or a new measurement:
-    each of ``candidates`` (name -> a function timing one step, in seconds) is timed in turn,
-    interleaved (or by ``measure``), and ``prefer`` picks from their milliseconds per step.
-    ``cpus_used``: the CPUs the measurement keeps busy (default: all), so that other work on
-    the rest does not count against it; a measurement beside more, or one the cache cannot
-    hold (its file cannot be written), is used but not kept, and says why; a measurement
-    beside more that would change what a run computes gives way to ``default`` (named where
-    it would: its timings are the other work's as much as the candidates', and two runs of one
-    command would choose apart), with its timings and why."""
-    k = key(kind, context)
-    if (earlier := cached(kind, context, candidates)) is not None:
-        return earlier
+def timing(
+    context: dict[str, Any], measure: Callable[[], dict[str, float]], cpus_used: int
+) -> Timing:
+    """The kept timing for ``context`` on this machine, else ``measure()`` (milliseconds by
+    name), kept unless other work beyond the ``cpus_used`` it leaves free ran beside it or the
+    file cannot be written."""
+    k = key(context)
+    if (kept := read().get(k)) is not None:
+        return Timing(dict(kept["ms_per_step"]), "cached")
     watch = OtherWork()
-    ms = (measure or interleaved)(candidates)
-    value = prefer(ms)
+    ms = measure()
     if busy := watch.disturbed(cpus_used):
-        if default is not None:
-            why = f"the default: measured beside other work, which decides nothing ({busy})"
-            return Choice(default, "fallback", ms, why=why, not_kept=busy)
-        return Choice(value, "measured", ms, not_kept=busy)
+        return Timing(ms, "measured", busy)
     entries = read()
-    entries[k] = {
-        "value": value,
-        "ms_per_step": ms,
-        "measured": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    return Choice(value, "measured", ms, not_kept=_write(entries))
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    entries[k] = {"ms_per_step": ms, "measured": now}
+    return Timing(ms, "measured", _write(entries))
 
 
 SHOWN = ("d_model", "n_layer", "context_length")
@@ -307,49 +199,38 @@ SHOWN = ("d_model", "n_layer", "context_length")
 
 
 def rows(entries: dict[str, dict[str, Any]]) -> list[str]:
-    """``lm choices``' rows, one per kept choice: the kind, the value, each candidate's
-    timing, the date, and the shape: the model's size, the batch and threads, and every other
-    setting in which two rows differ (the position scheme, the window ...), so that no two
-    rows read alike."""
-    whats = [json.loads(k) for k in entries]
-    flat = [_flat(w) for w in whats]
-    fixed = {"kind", "cpu", "torch", *(f"model.{k}" for k in SHOWN)}
-    differ: dict[str, list[str]] = {}  # by kind: the settings in which its rows differ
-    for kind in {w["kind"] for w in whats}:
-        same = [f for f in flat if f["kind"] == kind]
-        names = {name for f in same for name in f} - fixed
-        differ[kind] = sorted(n for n in names if len({f.get(n) for f in same}) > 1)
+    """``lm choices``' rows, one per kept timing: each step's milliseconds, the date, and the
+    shape: the model's size, the batch and cores, and every other setting in which two rows
+    differ (the position scheme, the window ...), so that no two rows read alike."""
+    flat = [_flat(json.loads(k)) for k in entries]
+    names = {name for f in flat for name in f} - {"kind", "cpu", "torch"}
+    names -= {f"model.{k}" for k in SHOWN}
+    differ = sorted(n for n in names if len({f.get(n) for f in flat}) > 1)
     out = []
-    for what, f, kept in zip(whats, flat, entries.values(), strict=True):
-        timings = ", ".join(f"{k} {v:g} ms" for k, v in kept.get("ms_per_step", {}).items())
-        # --jobs auto decides each sweep from the timings, its runs and steps, not one value.
-        jobs = what["kind"] in ("compare.jobs", "compare.probe")
-        value = "each sweep from" if jobs else kept["value"]
+    for f, kept in zip(flat, entries.values(), strict=True):
+        ms = kept["ms_per_step"]
         shape = [f"{k}={f.get('model.' + k)}" for k in SHOWN]
         shape[2] = shape[2].replace("context_length", "context")
-        usual = ("micro_batch", "width", "cores") if "cores" in f else ("micro_batch", "threads")
-        shape += [f"{k}={f[k]}" for k in usual if k in f and k not in differ[what["kind"]]]
-        shape += [f"{k.removeprefix('model.')}={f.get(k)}" for k in differ[what["kind"]]]
+        usual = [k for k in ("micro_batch", "width", "cores") if k in f and k not in differ]
+        shape += [f"{k}={f[k]}" for k in usual]
+        shape += [f"{k.removeprefix('model.')}={f.get(k)}" for k in differ]
         out.append(
-            f"{what['kind']}: {value} ({timings}; measured {kept.get('measured')}) for "
-            f"{' '.join(shape)} on {what.get('cpu')}, torch {what.get('torch')}"
+            f"a step on every core {ms['every']:g} ms, on one thread {ms['one']:g} ms "
+            f"(measured {kept['measured']}) for {' '.join(shape)} on {f['cpu']}, "
+            f"torch {f['torch']}"
         )
     return out
 
 
 def _flat(what: dict[str, Any]) -> dict[str, str]:
-    """A key's settings by dotted name (``model.position``), each as JSON text."""
+    """A key's settings by dotted name (``model.position``), each as text (JSON's but for a
+    string)."""
     out = {}
     for k, v in what.items():
-        if isinstance(v, dict):
-            out.update({f"{k}.{k2}": _text(v2) for k2, v2 in v.items()})
-        else:
-            out[k] = _text(v)
+        for name, value in v.items() if isinstance(v, dict) else [("", v)]:
+            text = value if isinstance(value, str) else json.dumps(value)
+            out[f"{k}.{name}" if name else k] = text
     return out
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def cpu_seconds() -> tuple[float, int] | None:
@@ -369,8 +250,7 @@ def cpu_seconds() -> tuple[float, int] | None:
 
 
 def own_cpu_seconds() -> float:
-    """The CPU seconds of this process and of the children it has waited for (a measurement's
-    pool of processes has ended before it is read)."""
+    """The CPU seconds of this process and of the children it has waited for."""
     import resource
 
     me, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
@@ -405,28 +285,3 @@ class OtherWork:
         if others <= free + BUSY_SLACK:
             return ""
         return f"other work kept {others:.1f} of this machine's {cpus} CPUs busy while it ran"
-
-
-def interleaved(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, float]:
-    """Median milliseconds per step of each candidate: one warm-up step each, then ``rounds``
-    rounds of one step of every candidate in turn, so that a machine slowing down slows them
-    all alike. A warm-up step over a second makes it one round (a big model: seconds count)."""
-    warm = {name: step() for name, step in candidates.items()}
-    if max(warm.values()) > 1.0:
-        rounds = 1
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, step in candidates.items():
-            times[name].append(step())
-    return {name: round(1000 * statistics.median(t), 3) for name, t in times.items()}
-
-
-def timed(step: Callable[[], object]) -> Callable[[], float]:
-    """``step`` as a function returning its wall time in seconds."""
-
-    def run() -> float:
-        start = time.perf_counter()
-        step()
-        return time.perf_counter() - start
-
-    return run

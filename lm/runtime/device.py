@@ -84,38 +84,55 @@ def cpu_bf16_kind() -> str:
     return "none"
 
 
-# The narrowest model width from which bf16 autocast trains faster than fp32 on a CPU, by its
-# bf16 kind and the attention kernel (``flex`` trains with sdpa's kernel on a CPU): measured with
-# scripts/dtype_speed.py (docs/performance.md). Without AMX, PyTorch's fused attention runs its
-# bf16 backward pass several times slower than its fp32 one, which the faster bf16 matmuls repay
-# only from width 256; the notes' explicit attention is all matmuls and pays at every width
-# measured. With AMX the figure is an earlier sitting's, with sdpa.
-CPU_BF16_MIN_WIDTH = {
-    ("avx512_bf16", "sdpa"): 256,
-    ("avx512_bf16", "math"): 64,
-    ("amx", "sdpa"): 384,
-    ("amx", "math"): 384,
-}
+BF16_KINDS = ("amx", "avx512_bf16")
+BF16_MIN_WIDTH = 128
+# train.dtype: auto and model.kernel: auto on a CPU, a rule, not a timing: a busy machine cannot
+# change what a command trains. bf16 autocast with the notes' explicit attention (math) where the
+# CPU multiplies bf16 in hardware (BF16_KINDS) and the model is at least BF16_MIN_WIDTH wide, else
+# fp32 with SDPA: what timing every pair picked at each of the project's shapes on both CPU kinds
+# these machines have (docs/performance.md). Milliseconds per training step, fp32 sdpa against
+# bf16 math, on an AMD EPYC with avx512_bf16: width 128 80.1 / 47.9 (the main job) and 38.2 /
+# 23.5 (the length curve); width 64 (flip-flop) 14.4 / 14.4. On an Intel Xeon with AMX: width 64
+# fp32 sdpa fastest (16.0), width 128 bf16 with the formula (29.4-34.0 against 34.8-38.5).
+# PyTorch's fused CPU attention runs its bf16 backward slower than its fp32 one (bf16 sdpa 23.4
+# at width 64 on the EPYC); the explicit attention is all matmuls.
+
+
+def auto_rule(
+    dtype: str, kernel: str, model: ModelConfig, device: torch.device
+) -> tuple[str, str, str]:
+    """``train.dtype`` and ``model.kernel`` as a run trains them, and why (one phrase): each as
+    the config names it, or left to ``auto``, by the rule: on a CPU the one above (bf16 with
+    math as a pair: a config naming fp32 or another kernel keeps fp32 with SDPA for the other);
+    on CUDA bf16 where supported, else fp16, with sdpa; elsewhere fp32 with sdpa. A function of
+    the device, the CPU's bf16 kind and the config alone."""
+    if device.type == "cpu":
+        kind = cpu_bf16_kind()
+        fast = kind in BF16_KINDS and model.d_model >= BF16_MIN_WIDTH
+        pair = fast and dtype in ("auto", "bf16") and kernel in ("auto", "math")
+        wide = ">=" if model.d_model >= BF16_MIN_WIDTH else "<"
+        why = f"bf16 instructions ({kind}), width {model.d_model} {wide} {BF16_MIN_WIDTH}"
+        if kind not in BF16_KINDS:
+            why = "no bf16 instructions on this CPU"
+        elif fast and not pair:
+            named = f"train.dtype {dtype}" if dtype not in ("auto", "bf16") else ""
+            why += f", but the config names {named or f'model.kernel {kernel}'}"
+        auto = ("bf16", "math") if pair else ("fp32", "sdpa")
+    elif device.type == "cuda":
+        auto = ("bf16" if torch.cuda.is_bf16_supported() else "fp16", "sdpa")
+        why = "a GPU: bf16 where supported, else fp16; sdpa"
+    else:
+        auto, why = ("fp32", "sdpa"), f"{device.type}: fp32, sdpa"
+    return (auto[0] if dtype == "auto" else dtype), (auto[1] if kernel == "auto" else kernel), why
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_dtype(name: str, device: torch.device, model: ModelConfig) -> torch.dtype:
-    """The autocast dtype (float32 = no autocast). ``auto``: on CUDA bf16 where supported, else
-    fp16; on a CPU bf16 from the width where it was measured faster (``CPU_BF16_MIN_WIDTH``),
-    else fp32; fp32 elsewhere."""
-    if name == "fp32":
-        return torch.float32
-    if name == "bf16":
-        return torch.bfloat16
-    if name == "fp16":
-        return torch.float16
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == "cpu":
-        kernel = "math" if model.kernel == "math" else "sdpa"
-        min_width = CPU_BF16_MIN_WIDTH.get((cpu_bf16_kind(), kernel))
-        if min_width is not None and model.d_model >= min_width:
-            return torch.bfloat16
-    return torch.float32
+    """The autocast dtype (float32 = no autocast) of ``train.dtype`` ``name``: as named, or
+    ``auto`` by :func:`auto_rule` (with the model's kernel)."""
+    return DTYPES[auto_rule(name, model.kernel, model, device)[0]]
 
 
 def autocast_context(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:

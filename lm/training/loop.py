@@ -53,9 +53,14 @@ from lm.runs.directory import (
     refuse_overlap,
     write_run_record,
 )
-from lm.runtime import choices
-from lm.runtime.choices import Choice
-from lm.runtime.device import autocast_context, compile_enabled, resolve_device, resolve_dtype
+from lm.runtime.device import (
+    DTYPES,
+    auto_rule,
+    autocast_context,
+    compile_enabled,
+    resolve_device,
+    resolve_dtype,
+)
 from lm.runtime.distributed import (
     World,
     barrier,
@@ -82,7 +87,6 @@ from lm.training.setup import (
     with_vocab,
 )
 from lm.training.step import LoopState, Stepper, nonfinite_message
-from lm.training.tune import DtypeAndKernel, training_choices
 
 
 @dataclass
@@ -123,8 +127,8 @@ def train(
         torch.set_num_threads(_threads(config.train.threads, threads, world, quiet))
         run = _prepare_run(config, run_dir, device, world, lock, resume, overwrite, quiet)
         run = dataclasses.replace(run, init_from=None if run.checkpoint else init_from)
-        run, chosen = _dtype_and_kernel(run)
-        net = _build(run, chosen)
+        run, dtype, chosen = _dtype_and_kernel(run)
+        net = _build(run, dtype, chosen)
         # Every check passed (config, data, batches, model): only now is anything written.
         _record(run, net, clear=run.checkpoint is None and (overwrite or resume))
         state = _restore(run, net)
@@ -174,8 +178,7 @@ class _Net:
     stepper: Stepper
     batches: TrainBatches
     dtype: torch.dtype  # autocast's (float32: none)
-    dtype_choice: Choice | None = None  # how train.dtype: auto chose it (None: the config said)
-    kernel_choice: Choice | None = None  # how model.kernel: auto chose it (None: the config said)
+    chosen: dict[str, dict[str, str]]  # how auto chose the dtype and kernel (run.json's ``ran``)
 
 
 def _device_and_world(config: Config) -> tuple[torch.device, World]:
@@ -249,21 +252,42 @@ def _prepare_run(
     return _Run(config, run_dir, device, world, quiet, data, checkpoint, saved)
 
 
-def _dtype_and_kernel(run: _Run) -> tuple[_Run, DtypeAndKernel]:
-    """The dtype and kernel the run trains with: what the config names, what ``auto`` measures
-    here, or a resume's own. The kernel goes into the run's config, so that its config.yaml
-    records the one that ran, and evaluation, sampling and a resume run it too."""
-    config, resumed = run.config, run.checkpoint is not None
-    trained = _trained_dtype(run.run_dir) if resumed else None
-    kernel = None
-    if resumed and config.model.kernel == "auto" and (run.run_dir / CONFIG).is_file():
-        kernel = read_run_config(run.run_dir).model.kernel
-    chosen = training_choices(config, run.device, run.world.size, trained, kernel, run.data)
-    config = config.replace(model=dataclasses.replace(config.model, kernel=chosen.kernel))
-    return dataclasses.replace(run, config=config), chosen
+RESUMED_DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+"""run.json's names of the dtypes a CPU run resumes with where ``train.dtype`` is ``auto``."""
 
 
-def _build(run: _Run, chosen: DtypeAndKernel) -> _Net:
+def _dtype_and_kernel(run: _Run) -> tuple[_Run, torch.dtype, dict[str, dict[str, str]]]:
+    """The dtype and kernel the run trains with: what the config names, else a resume's own (what
+    it trained with, whatever the rule says now), else :func:`lm.runtime.device.auto_rule`'s; and
+    how each left to ``auto`` was chosen (run.json's ``dtype_choice`` and ``kernel_choice``). The
+    kernel goes into the run's config, so that its config.yaml records the one that ran, and
+    evaluation, sampling and a resume run it too."""
+    config, model = run.config, run.config.model
+    dtype, kernel, resumed = config.train.dtype, model.kernel, set()
+    if run.checkpoint is not None:
+        trained = RESUMED_DTYPES.get(_trained_dtype(run.run_dir) or "")
+        if dtype == "auto" and run.device.type == "cpu" and trained:
+            dtype, resumed = trained, {"dtype_choice"}
+        if kernel == "auto" and (run.run_dir / CONFIG).is_file():
+            trained = read_run_config(run.run_dir).model.kernel
+            if trained in ("sdpa", "math"):
+                kernel, resumed = trained, {*resumed, "kernel_choice"}
+    dtype, kernel, why = auto_rule(dtype, kernel, model, run.device)
+    chosen = {
+        name: {"value": value, "how": "resumed", "why": "what it trained with"}
+        if name in resumed
+        else {"value": value, "how": "rule", "why": why}
+        for name, asked, value in (
+            ("dtype_choice", config.train.dtype, dtype),
+            ("kernel_choice", model.kernel, kernel),
+        )
+        if asked == "auto"
+    }
+    config = config.replace(model=dataclasses.replace(model, kernel=kernel))
+    return dataclasses.replace(run, config=config), DTYPES[dtype], chosen
+
+
+def _build(run: _Run, dtype: torch.dtype, chosen: dict[str, dict[str, str]]) -> _Net:
     """The model as ``train.seed`` initialises it, its optimizer, and what runs its steps."""
     tc, device, world, data = run.config.train, run.device, run.world, run.data
     torch.manual_seed(tc.seed)
@@ -273,7 +297,6 @@ def _build(run: _Run, chosen: DtypeAndKernel) -> _Net:
     raw_model = TransformerLM(run.config.model).to(device)
     if run.init_from is not None:
         init_weights_from(raw_model, run.init_from, data.tokenizer)
-    dtype = chosen.dtype
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     model = wrap_model(raw_model, tc, world, device, dtype)
     optimizer = build_optimizer(raw_model, tc, device)  # after sharding: on the shards
@@ -301,39 +324,16 @@ def _build(run: _Run, chosen: DtypeAndKernel) -> _Net:
             f"lm: note: model.kernel: flex has no backward pass on {device.type} in this "
             "PyTorch, so training steps use sdpa's masks; evaluation uses flex"
         )
-    _say_measured(run, chosen)
+    if chosen:  # what auto picked, and why
+        values = ", ".join(f"{SETTINGS[k]} {c['value']}" for k, c in chosen.items())
+        whys = dict.fromkeys(f"{c['how']}: {c['why']}" for c in chosen.values())
+        run.log(f"lm: auto: {values} ({'; '.join(whys)})")
     return _Net(
-        raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype,
-        chosen.dtype_choice, chosen.kernel_choice,
-    )  # fmt: skip
-
-
-def _say_measured(run: _Run, chosen: DtypeAndKernel) -> None:
-    """One line for what ``auto`` measured now or earlier: the values, each candidate's step."""
-    said = {"train.dtype": chosen.dtype_choice, "model.kernel": chosen.kernel_choice}
-    said = {k: c for k, c in said.items() if c is not None and c.ms_per_step}
-    if not said:
-        return
-    first = next(iter(said.values()))  # one measurement decides both when both are left to it
-    values = ", ".join(f"{k} {c.value}" for k, c in said.items())
-    timings = ", ".join(f"{k} {v:.0f} ms" for k, v in first.ms_per_step.items())
-    if first.how == "fallback":  # measured beside other work: the default instead
-        run.log(
-            f"lm: auto: {values}, the default: measured beside other work ({timings} a step), "
-            f"which decides nothing: {first.not_kept}; not kept, the next run measures again"
-        )
-        return
-    if first.not_kept:
-        run.log(
-            f"lm: auto: {values}, measured now ({timings} a step), not kept: {first.not_kept}; "
-            "the next run measures again"
-        )
-        return
-    when = "measured now" if first.how == "measured" else "measured earlier"
-    run.log(
-        f"lm: auto: {values}, {when} on this machine ({timings} a step; kept in "
-        f"{choices.cache_file()}, lm choices --clear forgets it)"
+        raw_model, model, eval_model, optimizer, scaler, autocast, stepper, batches, dtype, chosen
     )
+
+
+SETTINGS = {"dtype_choice": "train.dtype", "kernel_choice": "model.kernel"}
 
 
 def _trained_dtype(run_dir: Path) -> str | None:
@@ -376,9 +376,9 @@ def _ran(run: _Run, net: _Net) -> dict[str, Any]:
     return {
         "device": str(run.device),
         "dtype": str(net.dtype).removeprefix("torch."),
-        **({"dtype_choice": net.dtype_choice.record()} if net.dtype_choice else {}),
+        **({"dtype_choice": net.chosen["dtype_choice"]} if "dtype_choice" in net.chosen else {}),
         "kernel": mask.kernel,
-        **({"kernel_choice": net.kernel_choice.record()} if net.kernel_choice else {}),
+        **({"kernel_choice": net.chosen["kernel_choice"]} if "kernel_choice" in net.chosen else {}),
         "threads": torch.get_num_threads(),
         "compile": compile_enabled(run.config.train.compile, run.device),
     }
