@@ -284,7 +284,7 @@ def test_jobs_auto_trains_the_costliest_runs_first(tmp_path, monkeypatch):
 
     cfg = write_config(tmp_path / "tiny.yaml", data={"cache_dir": str(tmp_path / "cache")})
     started = []
-    monkeypatch.setattr(sweep, "_auto_jobs", lambda configs, device, log: (2, [1.0, 3.0, 2.0]))
+    monkeypatch.setattr(sweep, "auto_jobs_of", lambda configs, device, log: (2, [1.0, 3.0, 2.0]))
     monkeypatch.setattr(
         sweep, "run_jobs", lambda jobs, *args: started.extend(j.run_dir.name for j in jobs)
     )

@@ -295,7 +295,7 @@ def run_sweep(
     _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
     weights = None
     if jobs == "auto":
-        jobs, weights = _auto_jobs(configs, device, log)
+        jobs, weights = auto_jobs_of(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     # A sweep's runs leave auto to the table, not to a timing that two jobs at once would
     # disturb: one at a time or --jobs N, every run trains the same numbers.
@@ -303,11 +303,12 @@ def run_sweep(
     if measure_device is not None:
         measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
     with choices.fixed():
-        _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure, weights)
+        paths = [config_path] * len(plan)
+        train_plan(plan, configs, paths, jobs, base, device, quiet, log, measure, weights)
     return [run_dir for run_dir, _ in plan]
 
 
-def _auto_jobs(
+def auto_jobs_of(
     configs: list[Config], device: torch.device, log: Callable[[str], None]
 ) -> tuple[int, list[float] | None]:
     """``--jobs auto``: the runs to train at once, decided for the sweep's runs and steps at its
@@ -365,10 +366,10 @@ def _said(choice: choices.Choice) -> str:
     return f"{when} on this machine, kept in {choices.cache_file()}"
 
 
-def _train_plan(
+def train_plan(
     plan: list[tuple[Path, list[str]]],
     configs: list[Config],
-    config_path: str | Path,
+    config_paths: list[str | Path],
     jobs: int,
     base: Config,
     device: torch.device,
@@ -377,16 +378,17 @@ def _train_plan(
     measure: str | None = None,
     weights: list[float] | None = None,
 ) -> None:
-    """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
-    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says), the
-    costliest first where ``weights`` gives each run's cost."""
+    """Train (or reuse, or resume) every planned run (``configs[i]``: ``config_paths[i]`` and
+    ``plan[i]``'s keys; lm bench's runs are of several files), in this process or as ``jobs``
+    jobs (each then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`,
+    says), the costliest first where ``weights`` gives each run's cost."""
     # Here, not above: a report alone never trains, and the trainer's imports (distributed
     # checkpointing among them) take seconds.
     from lm.training.loop import train
 
     waiting = []
     costs = weights or [0.0] * len(plan)
-    for (run_dir, keys), config, cost in zip(plan, configs, costs, strict=True):
+    for (run_dir, keys), config, path, cost in zip(plan, configs, config_paths, costs, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             _check_same_config(run_dir, config)
@@ -401,7 +403,7 @@ def _train_plan(
             # Without a checkpoint, whatever the folder holds (a run killed before its first
             # save) is cleared and training starts over.
             again = "--resume" if checkpoint is not None else "--overwrite"
-            args = [str(config_path), "--out", str(run_dir), again]
+            args = [str(path), "--out", str(run_dir), again]
             args += ["--measure", measure] if measure is not None else []
             args += ["--set", *keys]
             waiting.append((Job(run_dir, args, config.train.max_steps), config, cost))
