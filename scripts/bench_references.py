@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -86,6 +87,17 @@ def record(battery: str, scheme: str, seconds: float, at: str, beside: str) -> N
     RECORD.write_text("\n".join(head + rows) + "\n", encoding="utf-8")
 
 
+def _made(battery: str, references: dict | None = None) -> dict:
+    """The battery's references (in ``references``, default the file's), emptied when they were
+    made with other battery settings: none of them is this battery's."""
+    references = read_references() if references is None else references
+    made = references["batteries"].setdefault(battery, {})
+    if made.get("settings") != battery_settings(battery):
+        made.clear()
+        made.update(settings=battery_settings(battery), seeds=list(SEEDS[battery]), schemes={})
+    return made
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("schemes", nargs="*", help="builtin schemes (default: every one)")
@@ -98,22 +110,18 @@ def main() -> int:
         print(f"bench_references: not builtin schemes: {', '.join(unknown)}", file=sys.stderr)
         return 2
     for scheme in args.schemes or list(POSITIONS):
-        references = read_references()
-        made = references["batteries"].setdefault(battery, {})
-        if made.get("settings") != battery_settings(battery):  # a new battery: none are its
-            made.clear()
-            made["settings"] = battery_settings(battery)
-        if scheme in made.setdefault("schemes", {}) and not args.again:
+        if scheme in _made(battery)["schemes"] and not args.again:
             print(f"bench_references: {battery} {scheme}: there; --again remakes it", flush=True)
             continue
         at, start, watch = commit(), time.perf_counter(), OtherWork()
         planned = plan(scheme, [], battery, OUT / battery / scheme)
-        made["schemes"][scheme] = {
-            **summary(run_battery(planned, battery, jobs=1)),
-            "machine": machine(),
-        }
-        made["seeds"] = list(SEEDS[battery])
-        REFERENCES.write_text(json.dumps(references, indent=1) + "\n", encoding="utf-8")
+        made = {**summary(run_battery(planned, battery, jobs=1)), "machine": machine()}
+        # Read again just before writing: another run of the script may have added its own.
+        references = read_references()
+        _made(battery, references)["schemes"][scheme] = made
+        kept = REFERENCES.with_name(f".{REFERENCES.name}.{os.getpid()}")  # replaced whole
+        kept.write_text(json.dumps(references, indent=1) + "\n", encoding="utf-8")
+        os.replace(kept, REFERENCES)
         seconds = time.perf_counter() - start
         record(battery, scheme, seconds, at, other_work(watch))
         print(f"bench_references: {battery} {scheme}: {seconds / 60:.1f} min", flush=True)
