@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
+from lm.bench.flags import add_bench_parser, bench_command
 from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.outside import trusting, user_files
@@ -272,43 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
-    b = sub.add_parser(
-        "bench",
-        help="run one position scheme through a fixed battery (the length curve and six tasks) "
-        "and write its card against the builtin schemes' references (docs/bench.md)",
-    )
-    b.add_argument(
-        "--position",
-        required=True,
-        metavar="SPEC",
-        help="a builtin scheme (rope, alibi, ...) or one of your own: path/to/file.py:Class or "
-        "module:Class",
-    )
-    b.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys in every benchmark, e.g. --set model.rope_base=500",
-    )
-    b.add_argument(
-        "--quick",
-        action="store_true",
-        help="1 seed and smaller budgets, against the quick references (full: 3 seeds)",
-    )
-    b.add_argument(
-        "--out", help="folder of the runs and the card (default: runs/bench/NAME, NAME-quick)"
-    )
-    b.add_argument(
-        "--jobs",
-        type=_jobs,
-        default=1,
-        help="runs trained at once, as lm compare --jobs (default 1; auto: decided on the "
-        "length curve's shape)",
-    )
-    b.add_argument("--quiet", action="store_true", help="no progress bars or notes")
+    add_bench_parser(sub, _jobs)  # lm/bench/flags.py
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
     a.add_argument("run_dir")
@@ -547,19 +512,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from lm.bench.run import bench
-    from lm.training.optim import without_dynamo_import
-
-    without_dynamo_import()  # the battery's runs may train in this process
-
-    _, markdown = bench(
-        args.position, args.overrides, args.quick, args.out, args.jobs, quiet=args.quiet
-    )
-    print(markdown)
-    return 0
-
-
 def _cmd_attention(args: argparse.Namespace) -> int:
     from lm.compare.diagnostics import draw_attention
     from lm.runtime.device import resolve_device
@@ -664,7 +616,7 @@ COMMANDS = {
     "sample": _cmd_sample,
     "eval": _cmd_eval,
     "compare": _cmd_compare,
-    "bench": _cmd_bench,
+    "bench": bench_command,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
     "view": view_command,

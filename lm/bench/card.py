@@ -35,7 +35,7 @@ def battery_settings(battery: str) -> dict[str, Any]:
             "lengths": list(b.lengths),
             "eval_batches": b.quick_batches if battery == "quick" else None,
         }
-        for b in batteries.BATTERY
+        for b in batteries.benchmarks(battery)
     }
 
 

@@ -20,7 +20,7 @@ body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 110
   color: #1f2328; padding: 0 1em }
 h1 { font-size: 1.4em } h2 { font-size: 1.15em; margin-top: 1.6em }
 table { border-collapse: collapse } td, th { padding: 3px 8px; border-bottom: 1px solid #d0d7de }
-td.n { text-align: right; font-variant-numeric: tabular-nums }
+td.n { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap }
 svg text { font: 11px system-ui, sans-serif; fill: #1f2328 }
 .grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 1em }
 figure { margin: 0 } figcaption { font-weight: 600; margin-bottom: 4px }

@@ -76,7 +76,7 @@ def plan(
 ) -> list[Planned]:
     """Every run of the battery, its config built and checked before anything trains: a bad
     ``spec`` is said once, a bad ``--set`` with the benchmark it fails in."""
-    benchmarks = benchmarks or batteries.BATTERY
+    benchmarks = benchmarks or batteries.benchmarks(battery)
     for key in overrides:
         name = key.partition("=")[0].strip()
         if name in RESERVED:
