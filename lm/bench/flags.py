@@ -34,7 +34,7 @@ def add_bench_parser(sub: Any, jobs: Callable[[str], int | str]) -> None:
     b.add_argument(
         "--quick",
         action="store_true",
-        help="1 seed and smaller budgets, against the quick references (full: 3 seeds)",
+        help="1 seed, smaller budgets and no passkey, against the quick references (full: 3 seeds)",
     )
     b.add_argument(
         "--out", help="folder of the runs and the card (default: runs/bench/NAME, NAME-quick)"

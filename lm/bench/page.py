@@ -166,6 +166,7 @@ def _curve(card: dict[str, Any]) -> str:
     frame = Frame(min(values) - pad, max(values) + pad, math.log2(max(map(factor, lengths))))
     parts = [f'<svg id="curve-plot" width="{frame.w}" height="{frame.h}" role="img">']
     parts += frame.axes(lengths)
+    drawn = set()
     for name, vs in lines:
         kind = "scheme" if vs is mine else "rope" if name == "rope" else "ref"
         kind = "best" if name == best and vs is not mine else kind
@@ -173,6 +174,7 @@ def _curve(card: dict[str, Any]) -> str:
         if not any(points):
             continue
         width = {"scheme": 2.5, "ref": 1}.get(kind, 1.6)
+        drawn.add(kind)
         parts.append(
             f'<path class="line {kind}" d="{_path(points)}" fill="none" '
             f'stroke="{COLOURS[kind]}" stroke-width="{width}"><title>{html.escape(name)}</title>'
@@ -187,6 +189,7 @@ def _curve(card: dict[str, Any]) -> str:
     legend = "".join(
         f'<span><i class="swatch" style="background:{COLOURS[k]}"></i>{label}</span>'
         for k, label in LEGEND
+        if k in drawn
     )
     return (
         "<h2>Length curve</h2>\n<p>Validation loss (nats per character) on the embedded corpus "
@@ -243,7 +246,8 @@ def _bar_chart(card: dict[str, Any], row: dict[str, Any], entries: list) -> str:
     h = top + step * len(entries) + 4
     values = [v for _, v in entries]
     # A loss's bars start below the lowest, so that its differences show; the others at 0.
-    floor = max(0.0, min(values) - 0.5 * (max(values) - min(values))) if score.what == "loss" else 0
+    spread = max(values) - min(values)
+    floor = max(0.0, min(values) - 0.5 * spread) if score.what == "loss" and spread else 0
     scale = (1.0 if score.what == "accuracy" else max(values) - floor) or 1.0
     room = w - label - value_w
     parts = [f'<svg class="bars" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img">']
