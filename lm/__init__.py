@@ -15,7 +15,7 @@ and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causa
 ``lm.Scheme``, ``lm.ScoreBias`` and ``lm.SchemeRow`` (with ``lm.Place``, ``lm.Positions``,
 ``lm.Mask``) to write a position scheme of one's own, and ``lm.schemes``, every builtin scheme's
 class. The package's wings: ``lm.model`` (the network), ``lm.data``, ``lm.training``,
-``lm.compare``, ``lm.bench``, ``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``,
+``lm.compare``, ``lm.benchmark``, ``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``,
 ``lm.runs`` and ``lm.runtime``. Names load on first use, so ``import lm`` (and the command
 line) stays quick.
 """

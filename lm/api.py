@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lm.bench.run import bench as bench_scheme
+from lm.benchmark.run import bench as bench_scheme
 from lm.config.errors import ARGUMENTS, LMError
 from lm.config.load import load_config, with_overrides
 from lm.config.outside import trusting

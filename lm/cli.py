@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
-from lm.bench.flags import add_bench_parser, bench_command
+from lm.benchmark.flags import add_bench_parser, bench_command
 from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.outside import trusting, user_files
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
-    add_bench_parser(sub, _jobs)  # lm/bench/flags.py
+    add_bench_parser(sub, _jobs)  # lm/benchmark/flags.py
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
     a.add_argument("run_dir")

@@ -1,7 +1,7 @@
 """Make the references ``lm bench`` compares a scheme against: every builtin scheme through the
-battery (``lm/bench/battery.py``), its scores' per-seed values, mean and std and its length
-curve written into ``lm/bench/references.json``, and a row of ``lm/bench/RUN.md`` saying where,
-when, at which commit and in what wall time it ran.
+battery (``lm/benchmark/battery.py``), its scores' per-seed values, mean and std and its length
+curve written into ``lm/benchmark/references.json``, and a row of ``lm/benchmark/RUN.md``
+saying where, when, at which commit and in what wall time it ran.
 
     python scripts/bench_references.py --quick          # every builtin, the quick battery
     python scripts/bench_references.py                  # every builtin, the full battery
@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from lm.bench.battery import SEEDS
-from lm.bench.card import REFERENCES, battery_settings, read_references
-from lm.bench.run import plan, run_battery, summary
+from lm.benchmark.battery import SEEDS
+from lm.benchmark.card import REFERENCES, battery_settings, read_references
+from lm.benchmark.run import plan, run_battery, summary
 from lm.config.names import POSITIONS
 from lm.runtime.choices import BUSY_SLACK, OtherWork
 
@@ -56,7 +56,7 @@ def commit() -> str:
         done = subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True)
         return done.stdout.strip()
 
-    ours = (":!lm/bench/references.json", ":!lm/bench/RUN.md")  # what the script writes
+    ours = (":!lm/benchmark/references.json", ":!lm/benchmark/RUN.md")  # what the script writes
     dirty = git("status", "--porcelain", "--", "lm", "configs", *ours)
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if dirty else "")
 

@@ -234,7 +234,7 @@ LAYERS = {
     "evaluate_heads": 5,
     "training": 6,
     "compare": 7,
-    "bench": 8,
+    "benchmark": 8,
     "explorer": 9,
     "api": 10,
     "cli": 11,

@@ -1,4 +1,4 @@
-"""lm bench (lm/bench/): the battery's runs end to end on a tiny budget, resumed; ranks and
+"""lm bench (lm/benchmark/): the battery's runs end to end on a tiny budget, resumed; ranks and
 verdicts from a hand-made reference; bad input in one line; a scheme from outside; card.html in
 headless Chromium; and two builtins rerun to their stored quick references."""
 
@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from _support import expect_error
 
-from lm.bench import battery
-from lm.bench.card import make_card, markdown, read_references, verdict
-from lm.bench.page import card_html
-from lm.bench.run import plan, run_battery, summary
+import lm
+from lm.benchmark import battery
+from lm.benchmark.card import make_card, markdown, read_references, verdict
+from lm.benchmark.page import card_html
+from lm.benchmark.run import plan, run_battery, summary
 from lm.cli import main
+from lm.config.errors import LMError
 
 ROOT = Path(__file__).resolve().parents[1]
 BY_NAME = {b.name: b for b in battery.BATTERY}
@@ -83,7 +85,7 @@ def _stat(*values):
 
 def _reference(scores: dict[str, dict[str, tuple]]) -> dict:
     """References of the tiny battery: per scheme, each score's per-seed values."""
-    from lm.bench.card import battery_settings
+    from lm.benchmark.card import battery_settings
 
     schemes = {
         name: {
@@ -175,9 +177,13 @@ def test_bad_input_is_one_line_and_exit_2(tiny, tmp_path, capsys):
     theirs.mkdir()
     (theirs / "card.md").write_text("my own notes\n")
     expect_error(capsys, ["bench", "--position", "rope", "--out", str(theirs)], "card.md")
-    assert (theirs / "card.md").read_text() == "my own notes\n" and not (
-        theirs / "passkey"
-    ).exists()
+    assert (theirs / "card.md").read_text() == "my own notes\n"
+    assert list(theirs.iterdir()) == [theirs / "card.md"]  # nothing trained
+    # The Python API raises the same lines.
+    with pytest.raises(LMError, match="jobs: 0 is not"):
+        lm.bench("rope", jobs=0)
+    with pytest.raises(LMError, match=r"train\.seed"):
+        lm.bench("rope", overrides="train.seed=2", quick=True)
 
 
 def test_a_scheme_from_outside_is_benched_from_its_file(tiny, tmp_path, capsys, monkeypatch):

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lm.bench import battery as batteries
-from lm.bench.battery import factor
+from lm.benchmark import battery as batteries
+from lm.benchmark.battery import factor
 
 MARK = '<meta name="generator" content="lm bench">'
 """How lm knows a page it wrote: this line, within the first bytes of the file."""
@@ -56,7 +56,7 @@ def card_html(card: dict[str, Any]) -> str:
 
 
 def _table(card: dict[str, Any]) -> str:
-    from lm.bench.card import stat_text
+    from lm.benchmark.card import stat_text
 
     scores = batteries.scores()
     head = (

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lm.bench import battery as batteries
-from lm.bench.battery import Score
+from lm.benchmark import battery as batteries
+from lm.benchmark.battery import Score
 from lm.config.errors import LMError
 from lm.config.names import POSITIONS
 
@@ -140,7 +140,7 @@ def make_card(
     mine: dict[str, Any],
     references: dict[str, Any],
 ) -> dict[str, Any]:
-    """card.json: ``mine`` (:func:`lm.bench.run.summary` of the scheme's runs) against the
+    """card.json: ``mine`` (:func:`lm.benchmark.run.summary` of the scheme's runs) against the
     references of ``battery``."""
     refs, note = usable(references, battery)
     notes = [note] if note else []

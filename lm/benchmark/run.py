@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lm.bench import battery as batteries
-from lm.bench.battery import SEEDS, Benchmark
-from lm.bench.card import MARK, make_card, markdown, read_references
-from lm.bench.page import MARK as PAGE_MARK
-from lm.bench.page import card_html
+from lm.benchmark import battery as batteries
+from lm.benchmark.battery import SEEDS, Benchmark
+from lm.benchmark.card import MARK, make_card, markdown, read_references
+from lm.benchmark.page import MARK as PAGE_MARK
+from lm.benchmark.page import card_html
 from lm.compare.measure import Evaluation, Measure, measure_run, report_prompt
 from lm.compare.sweep import auto_jobs_of, train_plan
 from lm.config.errors import ConfigError, LMError

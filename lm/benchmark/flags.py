@@ -50,7 +50,7 @@ def add_bench_parser(sub: Any, jobs: Callable[[str], int | str]) -> None:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from lm.bench.run import bench
+    from lm.benchmark.run import bench
     from lm.training.optim import without_dynamo_import
 
     without_dynamo_import()  # the battery's runs may train in this process
