@@ -28,6 +28,7 @@ from pathlib import Path
 from lm.benchmark.battery import SEEDS
 from lm.benchmark.card import REFERENCES, battery_settings, read_references
 from lm.benchmark.run import plan, run_battery, summary
+from lm.config.errors import LMError
 from lm.config.names import POSITIONS
 from lm.runtime.choices import BUSY_SLACK, OtherWork
 
@@ -129,4 +130,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:  # what was saved; the same command resumes
+        sys.exit(f"bench_references: interrupted; {e}")
+    except LMError as e:
+        sys.exit(f"bench_references: {e}")

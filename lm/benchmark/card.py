@@ -195,7 +195,7 @@ def markdown(card: dict[str, Any]) -> str:
         "",
         f"The {card['battery']} battery, {len(seeds)} seed{'s' * (len(seeds) > 1)} "
         f"({', '.join(map(str, seeds))}); against the {card['battery']} references of "
-        f"{len(card['references']['schemes'])} builtin schemes (docs/bench.md).",
+        f"{schemes_text(len(card['references']['schemes']))} (docs/bench.md).",
         "",
         "| benchmark | score | this scheme | rank | best builtin | against RoPE "
         "| against the best |",
@@ -221,6 +221,10 @@ def markdown(card: dict[str, Any]) -> str:
     if notes:
         lines += ["", *[f"- {n}" for n in notes]]
     return "\n".join(lines) + "\n"
+
+
+def schemes_text(n: int) -> str:
+    return f"{n} builtin scheme{'s' * (n != 1)}"
 
 
 def _curve_lines(card: dict[str, Any]) -> list[str]:

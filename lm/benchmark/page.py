@@ -11,6 +11,7 @@ from typing import Any
 
 from lm.benchmark import battery as batteries
 from lm.benchmark.battery import factor
+from lm.benchmark.card import schemes_text, stat_text
 
 MARK = '<meta name="generator" content="lm bench">'
 """How lm knows a page it wrote: this line, within the first bytes of the file."""
@@ -36,7 +37,7 @@ def card_html(card: dict[str, Any]) -> str:
     refs = card["references"]
     about = (
         f"The {card['battery']} battery, {len(seeds)} seed{'s' * (len(seeds) > 1)}; against the "
-        f"references of {len(refs['schemes'])} builtin schemes"
+        f"references of {schemes_text(len(refs['schemes']))}"
         + (f" ({'; '.join(refs['machine'])})" if refs["machine"] else "")
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in refs["notes"])
@@ -56,8 +57,6 @@ def card_html(card: dict[str, Any]) -> str:
 
 
 def _table(card: dict[str, Any]) -> str:
-    from lm.benchmark.card import stat_text
-
     scores = batteries.scores()
     head = (
         "benchmark",
