@@ -11,11 +11,13 @@ The Python API (docs/python-api.md)::
 and the notes' formulas as the model computes them: ``lm.attention``, ``lm.causal_mask``,
 ``lm.attention_mask``, ``lm.sinusoids``, ``lm.rope``; ``lm.view(run, prompt)``, the
 ``lm view`` page inline in Jupyter; ``lm.heads(run)``, each attention head's scores;
+``lm.bench(position)``, a position scheme's card against the builtins (``lm bench``);
 ``lm.Scheme``, ``lm.ScoreBias`` and ``lm.SchemeRow`` (with ``lm.Place``, ``lm.Positions``,
 ``lm.Mask``) to write a position scheme of one's own, and ``lm.schemes``, every builtin scheme's
 class. The package's wings: ``lm.model`` (the network), ``lm.data``, ``lm.training``,
-``lm.compare``, ``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``, ``lm.runs`` and
-``lm.runtime``. Names load on first use, so ``import lm`` (and the command line) stays quick.
+``lm.compare``, ``lm.benchmark``, ``lm.explorer`` (``lm view``), ``lm.hf``, on ``lm.config``,
+``lm.runs`` and ``lm.runtime``. Names load on first use, so ``import lm`` (and the command
+line) stays quick.
 """
 
 import os
@@ -41,6 +43,7 @@ _API = {
     "rope": "lm.api",
     "view": "lm.api",
     "heads": "lm.api",
+    "bench": "lm.api",
     "Config": "lm.config.sections",
     "LMError": "lm.config.errors",
     "load_config": "lm.config.load",

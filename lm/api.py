@@ -7,7 +7,8 @@ them: :func:`attention` (``Y, A`` of ``softmax(QK^T/sqrt(d_k) + M) V``), :func:`
 :func:`attention_mask` (the key and causal masks of a padded batch), :func:`sinusoids` and
 :func:`rope` (RoPE's rotation of queries or keys). :func:`view`: the ``lm view`` page of a run
 and a prompt, shown inline in Jupyter; :func:`heads`: each head's previous-token, induction,
-duplicate and first-token scores and the in-context learning score (``lm heads``).
+duplicate and first-token scores and the in-context learning score (``lm heads``);
+:func:`bench`: a position scheme's card against the builtins (``lm bench``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from lm.benchmark.run import bench as bench_scheme
 from lm.config.errors import ARGUMENTS, LMError
 from lm.config.load import load_config, with_overrides
 from lm.config.outside import trusting
@@ -45,6 +47,7 @@ from lm.training.setup import config_for_init, recorded_init_from
 __all__ = [
     "attention",
     "attention_mask",
+    "bench",
     "causal_mask",
     "generate",
     "heads",
@@ -115,6 +118,29 @@ def train(
     return train_run(
         config, run_dir, resume=resume, overwrite=overwrite, quiet=quiet, init_from=init_from
     )
+
+
+def bench(
+    position: str,
+    *,
+    overrides: str | Sequence[str] = (),
+    quick: bool = False,
+    out: str | Path | None = None,
+    jobs: int | str = 1,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """``lm bench``: the scheme ``position`` (a builtin's name, or ``path/to/file.py:Class``)
+    through the battery, ``overrides`` on every benchmark, 3 seeds (``quick``: 1 seed, smaller
+    budgets); card.md, card.json and card.html written into ``out`` (default
+    ``runs/bench/<name>``). Returns the card: card.json's content (docs/bench.md)."""
+    if not isinstance(position, str):
+        raise LMError(f"position: {position!r} is not a scheme's name or spec")
+    if jobs != "auto" and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise LMError(f"jobs: {jobs!r} is not a whole number of at least 1 or 'auto'")
+    out = None if out is None else _path(out, "out")
+    overrides = _overrides(overrides, "overrides")
+    card, _ = bench_scheme(position, overrides, quick is True, out, jobs, quiet=quiet is True)
+    return card
 
 
 def load(

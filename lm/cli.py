@@ -1,5 +1,5 @@
-"""The command line: ``lm train | sample | eval | compare | attention | positions | view | heads
-| export | import`` (also ``python -m lm``).
+"""The command line: ``lm train | sample | eval | compare | bench | attention | positions | view
+| heads | export | import`` (also ``python -m lm``).
 
 Thin by design: each subcommand parses its flags and calls one importable function. Any error
 the user caused (config, file, flag, prompt, checkpoint) is one line on standard error and exit
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
+from lm.benchmark.flags import add_bench_parser, bench_command
 from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.outside import trusting, user_files
@@ -271,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
+
+    add_bench_parser(sub, _jobs)  # lm/benchmark/flags.py
 
     a = sub.add_parser("attention", help="draw a trained model's attention over a text")
     a.add_argument("run_dir")
@@ -613,6 +616,7 @@ COMMANDS = {
     "sample": _cmd_sample,
     "eval": _cmd_eval,
     "compare": _cmd_compare,
+    "bench": bench_command,
     "attention": _cmd_attention,
     "positions": _cmd_positions,
     "view": view_command,

@@ -234,10 +234,11 @@ LAYERS = {
     "evaluate_heads": 5,
     "training": 6,
     "compare": 7,
-    "explorer": 8,
-    "api": 9,
-    "cli": 10,
-    "__main__": 11,
+    "benchmark": 8,
+    "explorer": 9,
+    "api": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 
 

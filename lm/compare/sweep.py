@@ -293,16 +293,17 @@ def run_sweep(
         )
     _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
     if jobs == "auto":
-        jobs = _auto_jobs(configs, device, log)
+        jobs = auto_jobs_of(configs, device, log)
     write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
     measure = None
     if measure_device is not None:
         measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
-    _train_plan(plan, configs, config_path, jobs, base, device, quiet, log, measure)
+    paths = [config_path] * len(plan)
+    train_plan(plan, configs, paths, jobs, base, device, quiet, log, measure)
     return [run_dir for run_dir, _ in plan]
 
 
-def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
+def auto_jobs_of(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
     """``--jobs auto``: the runs to train at once, decided for the sweep's runs and mean steps
     at its first config's shape by :func:`lm.compare.auto_jobs.auto_jobs` (its data prepared
     first: the model's vocabulary is the tokenizer's), and said in one line."""
@@ -328,10 +329,10 @@ def _auto_jobs(configs: list[Config], device: torch.device, log: Callable[[str],
     return decided.jobs
 
 
-def _train_plan(
+def train_plan(
     plan: list[tuple[Path, list[str]]],
     configs: list[Config],
-    config_path: str | Path,
+    config_paths: list[str | Path],
     jobs: int,
     base: Config,
     device: torch.device,
@@ -339,14 +340,16 @@ def _train_plan(
     log: Callable[[str], None],
     measure: str | None = None,
 ) -> None:
-    """Train (or reuse, or resume) every planned run, in this process or as ``jobs`` jobs (each
-    then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`, says)."""
+    """Train (or reuse, or resume) every planned run (``configs[i]``: ``config_paths[i]`` and
+    ``plan[i]``'s keys; lm bench's runs are of several files), in this process or as ``jobs``
+    jobs (each then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`,
+    says)."""
     # Here, not above: a report alone never trains, and the trainer's imports (distributed
     # checkpointing among them) take seconds.
     from lm.training.loop import train
 
     waiting = []
-    for (run_dir, keys), config in zip(plan, configs, strict=True):
+    for (run_dir, keys), config, path in zip(plan, configs, config_paths, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
             _check_same_config(run_dir, config)
@@ -361,7 +364,7 @@ def _train_plan(
             # Without a checkpoint, whatever the folder holds (a run killed before its first
             # save) is cleared and training starts over.
             again = "--resume" if checkpoint is not None else "--overwrite"
-            args = [str(config_path), "--out", str(run_dir), again]
+            args = [str(path), "--out", str(run_dir), again]
             args += ["--measure", measure] if measure is not None else []
             args += ["--set", *keys]
             waiting.append((Job(run_dir, args, config.train.max_steps), config))

@@ -1,0 +1,138 @@
+"""Make the references ``lm bench`` compares a scheme against: every builtin scheme through the
+battery (``lm/benchmark/battery.py``), its scores' per-seed values, mean and std and its length
+curve written into ``lm/benchmark/references.json``, and a row of ``lm/benchmark/RUN.md``
+saying where, when, at which commit and in what wall time it ran.
+
+    python scripts/bench_references.py --quick          # every builtin, the quick battery
+    python scripts/bench_references.py                  # every builtin, the full battery
+    python scripts/bench_references.py rope alibi       # the named ones
+
+Resumable per scheme: a scheme whose reference for this battery is there (made with the same
+battery settings) is skipped, its runs under ``runs/bench-references/`` are reused by the next
+run (finished runs are, as ``lm bench`` reuses them), and the JSON is written after each scheme.
+Run it from the repository root, alone on the machine where its wall times are to mean
+anything (RUN.md says whether it was).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lm.benchmark.battery import SEEDS
+from lm.benchmark.card import REFERENCES, battery_settings, read_references
+from lm.benchmark.run import plan, run_battery, summary
+from lm.config.errors import LMError
+from lm.config.names import POSITIONS
+from lm.runtime.choices import BUSY_SLACK, OtherWork
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORD = REFERENCES.with_name("RUN.md")
+OUT = ROOT / "runs" / "bench-references"
+
+
+def machine() -> str:
+    """The CPU's model (lscpu's) and its bf16 kind: AMX, AVX-512 BF16, or none (emulated)."""
+    name, flags = "unknown CPU", ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name":
+            name = value.strip()
+        elif key.strip() == "flags":
+            flags = f" {value} "
+    kind = "AMX" if " amx_bf16 " in flags else "AVX-512 BF16" if " avx512_bf16 " in flags else ""
+    return f"{name}, bf16: {kind or 'no native bf16'}"
+
+
+def commit() -> str:
+    """The commit, with ``+`` when lm/ or configs/ had changes."""
+
+    def git(*words: str) -> str:
+        done = subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip()
+
+    ours = (":!lm/benchmark/references.json", ":!lm/benchmark/RUN.md")  # what the script writes
+    dirty = git("status", "--porcelain", "--", "lm", "configs", *ours)
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if dirty else "")
+
+
+def other_work(watch: OtherWork) -> str:
+    seen = watch.cpus()
+    if seen is None:
+        return "not watched (no /proc/stat)"
+    others, cpus = seen
+    where = "alone" if others <= BUSY_SLACK else "beside other work"
+    return f"{where} (other work {others:.2f} of {cpus} CPUs)"
+
+
+def record(battery: str, scheme: str, seconds: float, at: str, beside: str) -> None:
+    """Writes (or replaces) the scheme's row of RUN.md for this battery."""
+    minutes, rest = divmod(round(seconds), 60)
+    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    row = (
+        f"| {battery} | {scheme} | {day} | {machine()} | {at} | {minutes} min {rest} s | {beside} |"
+    )
+    lines = RECORD.read_text(encoding="utf-8").splitlines()
+    key = f"| {battery} | {scheme} |"
+    kept = [line for line in lines if not line.startswith(key)]
+    rows = [line for line in kept if line.startswith("| ") and not line.startswith("| battery")]
+    head = [line for line in kept if line not in rows]
+    order = {s: i for i, s in enumerate(POSITIONS)}
+    rows = sorted([*rows, row], key=lambda r: (r.split("|")[1], order.get(r.split("|")[2].strip())))
+    RECORD.write_text("\n".join(head + rows) + "\n", encoding="utf-8")
+
+
+def _made(battery: str, references: dict | None = None) -> dict:
+    """The battery's references (in ``references``, default the file's), emptied when they were
+    made with other battery settings: none of them is this battery's."""
+    references = read_references() if references is None else references
+    made = references["batteries"].setdefault(battery, {})
+    if made.get("settings") != battery_settings(battery):
+        made.clear()
+        made.update(settings=battery_settings(battery), seeds=list(SEEDS[battery]), schemes={})
+    return made
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("schemes", nargs="*", help="builtin schemes (default: every one)")
+    parser.add_argument("--quick", action="store_true", help="the quick battery (1 seed)")
+    parser.add_argument("--again", action="store_true", help="remake references already there")
+    args = parser.parse_args()
+    battery = "quick" if args.quick else "full"
+    unknown = [s for s in args.schemes if s not in POSITIONS]
+    if unknown:
+        print(f"bench_references: not builtin schemes: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    for scheme in args.schemes or list(POSITIONS):
+        if scheme in _made(battery)["schemes"] and not args.again:
+            print(f"bench_references: {battery} {scheme}: there; --again remakes it", flush=True)
+            continue
+        at, start, watch = commit(), time.perf_counter(), OtherWork()
+        planned = plan(scheme, [], battery, OUT / battery / scheme)
+        made = {**summary(run_battery(planned, battery, jobs=1)), "machine": machine()}
+        # Read again just before writing: another run of the script may have added its own.
+        references = read_references()
+        _made(battery, references)["schemes"][scheme] = made
+        kept = REFERENCES.with_name(f".{REFERENCES.name}.{os.getpid()}")  # replaced whole
+        kept.write_text(json.dumps(references, indent=1) + "\n", encoding="utf-8")
+        os.replace(kept, REFERENCES)
+        seconds = time.perf_counter() - start
+        record(battery, scheme, seconds, at, other_work(watch))
+        print(f"bench_references: {battery} {scheme}: {seconds / 60:.1f} min", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:  # what was saved; the same command resumes
+        sys.exit(f"bench_references: interrupted; {e}")
+    except LMError as e:
+        sys.exit(f"bench_references: {e}")
