@@ -26,7 +26,6 @@ from lm.config.load import load_config
 from lm.config.sections import Config
 from lm.data.sources import print_to_stderr
 from lm.runs.directory import check_out_dir
-from lm.runtime import choices
 from lm.runtime.device import resolve_device
 
 RESERVED = {
@@ -129,8 +128,7 @@ def run_battery(
     entries = [(p.run_dir, p.keys) for p in planned]
     paths = [p.benchmark.path() for p in planned]
     configs = [p.config for p in planned]
-    with choices.fixed():
-        train_plan(entries, configs, paths, jobs, configs[0], device, quiet, log)
+    train_plan(entries, configs, paths, jobs, configs[0], device, quiet, log)
     return [measure(p, battery, str(device), log) for p in planned]
 
 
