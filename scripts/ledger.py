@@ -58,7 +58,7 @@ FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
 batches."""
-PASSKEY_STEPS = (50, 100, 200, 400)
+PASSKEY_STEPS = (50, 100, 200)
 """Fine-tuning steps of the passkey extensions, each a fine-tune of its own (its own schedule)."""
 PASSKEY_EXTENSIONS = ",".join(
     f"{scaling}+train.max_steps={steps}"
