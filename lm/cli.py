@@ -270,6 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and on one thread, takes at most 0.9 of one at a time, else 1 (one per GPU); runs "
         "left training take the cores finished ones give back",
     )
+    c.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="fine-tune: each seed N's run starts from the weights of DIR/seed<N> (a sweep's "
+        "runs of one value, e.g. runs/passkey/position=rope), as lm train --init-from does",
+    )
     c.add_argument("--quiet", action="store_true", help="no progress bars or notes")
     c.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
 
@@ -507,6 +513,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         eval_batches=args.eval_batches,
         device=str(resolve_device(args.device, "--device")),
         jobs=args.jobs,
+        init_from=args.init_from,
     )
     print(markdown)
     return 0

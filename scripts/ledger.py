@@ -55,6 +55,16 @@ ADDITION_BUDGET = (
 )
 FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs auto"
 FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
+PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
+"""The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
+batches."""
+PASSKEY_STEPS = (50, 100, 200)
+"""Fine-tuning steps of the passkey extensions, each a fine-tune of its own (its own schedule)."""
+PASSKEY_EXTENSIONS = ",".join(
+    f"{scaling}+train.max_steps={steps}"
+    for scaling in ("pi:2", "yarn:2", "none")
+    for steps in PASSKEY_STEPS
+)
 
 
 @dataclass(frozen=True)
@@ -333,6 +343,25 @@ EXPERIMENTS = (
             "rope+model.random_positions=64+model.random_positions_eval=true,"
             "learned+model.random_positions=64+model.random_positions_eval=true "
             "--seeds 1,2,3 --jobs auto --out runs/parity",
+        ),
+    ),
+    Experiment(
+        "passkey-rope",
+        "tasks/passkey-rope",
+        "50",
+        (
+            "lm compare configs/passkey_base.yaml --vary model.position=rope --seeds 1,2,3 "
+            f"{PASSKEY_REPORT} --jobs auto --out runs/passkey-rope",
+        ),
+    ),
+    Experiment(
+        "passkey-extend",
+        "tasks/passkey-extend",
+        "47-49",
+        (
+            "lm compare configs/passkey_extend.yaml --init-from runs/passkey-rope/position=rope "
+            f"--vary model.rope_scaling={PASSKEY_EXTENSIONS} --seeds 1,2,3 {PASSKEY_REPORT} "
+            "--jobs auto --out runs/passkey-extend",
         ),
     ),
 )

@@ -197,3 +197,56 @@ def test_a_tokenizer_setting_that_init_from_replaces_gets_a_note(source, tmp_pat
     argv = ["train", str(cfg), "--out", str(tmp_path / "again"), "--init-from", str(source)]
     assert main(argv) == 0
     assert "note" not in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def seeds(tmp_path_factory):
+    """A folder of two seed runs, ``seed1`` and ``seed2``, as a sweep of one value holds them."""
+    root = tmp_path_factory.mktemp("init-seeds")
+    cfg = write_config(
+        root / "src.yaml",
+        data={"cache_dir": str(root / "cache")},
+        train={"max_steps": 4, "eval_every": 4, "checkpoint_every": 4, "tensorboard": False},
+    )
+    for seed in (1, 2):
+        out = root / "runs" / f"seed{seed}"
+        argv = ["train", str(cfg), "--out", str(out), "--quiet", "--set", f"train.seed={seed}"]
+        assert main(argv) == 0
+        assert (out / "checkpoints").is_dir()
+    return root / "runs"
+
+
+def _tune_config(tmp_path: Path, seeds: Path) -> Path:
+    return write_config(
+        tmp_path / "tune.yaml",
+        model={"context_length": 64, "rope_scaling": "pi:2"},
+        data={"cache_dir": str(seeds.parent / "cache")},
+        train={"max_steps": 2, "eval_every": 2, "checkpoint_every": 2, "log_every": 1},
+    )
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_compare_fine_tunes_each_seed_from_its_own_run(seeds, tmp_path, jobs):
+    cfg = _tune_config(tmp_path, seeds)
+    out = tmp_path / "tuned"
+    argv = ["compare", str(cfg), "--vary", "model.rope_scaling=pi:2", "--seeds", "1,2"]
+    argv += ["--init-from", str(seeds), "--jobs", jobs, "--out", str(out), "--quiet"]
+    argv += ["--eval-lengths", "1x", "--eval-batches", "1", "--max-new-tokens", "1"]
+    assert main(argv) == 0
+    for seed in (1, 2):
+        run = out / "rope_scaling=pi:2" / f"seed{seed}"
+        record = json.loads((run / "run.json").read_text())
+        # Seed N's run started from seed N's weights, in this process or a job's alike.
+        assert record["init_from"]["run"] == str((seeds / f"seed{seed}").resolve()), run
+        assert record["init_from"]["step"] == 4
+        assert [m["step"] for m in metrics(run) if "train_loss" in m] == [1, 2]  # from step 0
+
+
+def test_compare_init_from_without_a_seed_or_outside_a_sweep_is_refused(seeds, tmp_path, capsys):
+    cfg = _tune_config(tmp_path, seeds)
+    out = tmp_path / "tuned"
+    argv = ["compare", str(cfg), "--vary", "model.rope_scaling=pi:2", "--seeds", "1,3"]
+    err = expect_error(capsys, [*argv, "--init-from", str(seeds), "--out", str(out)], "seed3")
+    assert "no run seed3 there" in err
+    assert not any(out.rglob("config.yaml"))  # refused before any run trained
+    expect_error(capsys, ["compare", str(seeds / "seed1"), "--init-from", str(seeds)], "--vary")

@@ -4,12 +4,15 @@ grid lm eval prints and keeps, the compare report's heatmaps, and its bad settin
 from __future__ import annotations
 
 import json
+import types
 
 import numpy as np
 import pytest
 from _support import assert_one_line, expect_error, write_config
 
 from lm.cli import main
+from lm.compare.passkey import passkey_section
+from lm.compare.report import _mean_std
 from lm.config.errors import ConfigError
 from lm.config.load import load_config, save_config
 from lm.config.names import task_tokens
@@ -213,3 +216,45 @@ def test_a_passkey_compare_draws_a_heatmap_per_run_and_reports_k_max(tmp_path, c
     assert past["accuracy"] is None and "learned positions stop at 64" in past["note"]
     assert runs["learned"]["k_max"] in (None, 64)
     assert "| learned | 1 |" in markdown and markdown.count("n/a") >= 1
+
+
+def _grid(*accuracies: float) -> list[dict]:
+    """Passkey rows at 64, 128, ... with these accuracies (one depth each)."""
+    return [
+        {"length": 64 * (i + 1), "accuracy": a, "depths": [{"depth": 0.0, "examples": 10}]}
+        for i, a in enumerate(accuracies)
+    ]
+
+
+def test_the_report_gives_each_group_k_max_and_accuracy_as_mean_and_spread_over_seeds():
+    runs = [
+        types.SimpleNamespace(seed=1, accuracy=_grid(1.0, 0.6)),
+        types.SimpleNamespace(seed=2, accuracy=_grid(1.0, 0.4)),
+        types.SimpleNamespace(seed=1, accuracy=_grid(1.0, 0.1)),
+        types.SimpleNamespace(seed=2, accuracy=_grid(0.1, 0.0)),
+    ]
+    labels = ["pi:4", "pi:4", "none", "none"]
+    lines = passkey_section(runs, "rope_scaling", labels, _mean_std)
+    assert "| rope_scaling | seeds | k_max | @64 | @128 |" in lines
+    assert "| pi:4 | 2 | 128 | 100.0% | 50.0% ± 14.1% |" in lines
+    # A seed with no k_max has no mean: each seed's is shown.
+    assert "| none | 2 | 64, none | 55.0% ± 63.6% | 5.0% ± 7.1% |" in lines
+    assert "| none | 2 | none | 10.0% | 0.0% |" in lines  # then each run's row
+
+
+def test_a_passkey_run_fine_tunes_at_a_longer_context_from_another(tmp_path):
+    # The passkey task counts characters, so its tokenizer must stay char or byte: the run's
+    # own name is kept (the same task and kind make the same ids), not the source's file.
+    data = {**TINY_PASSKEY, "cache_dir": str(tmp_path / "cache")}
+    train = {"max_steps": 2, "eval_every": 0, "checkpoint_every": 2}
+    base = write_config(tmp_path / "pk.yaml", model={"context_length": 64}, data=data, train=train)
+    assert main(["train", str(base), "--out", str(tmp_path / "base"), "--quiet"]) == 0
+    longer = {"context_length": 128, "rope_scaling": "pi:2"}
+    tune = write_config(tmp_path / "tune.yaml", model=longer, data=data, train=train)
+    argv = ["train", str(tune), "--out", str(tmp_path / "tuned"), "--quiet"]
+    assert main([*argv, "--init-from", str(tmp_path / "base")]) == 0
+    assert (tmp_path / "tuned" / "tokenizer.json").read_bytes() == (
+        tmp_path / "base" / "tokenizer.json"
+    ).read_bytes()
+    record = json.loads((tmp_path / "tuned" / "run.json").read_text())
+    assert record["init_from"]["step"] == 2

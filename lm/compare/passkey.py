@@ -7,6 +7,7 @@ and k_max are Position Interpolation's (Chen et al. 2023, arXiv 2306.15595, sect
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,17 @@ def passkey_k_max(rows: list[dict[str, Any]]) -> int | None:
     return k_max(rows)
 
 
-def passkey_section(results: list[Any], header: str, labels: list[str]) -> list[str]:
-    """The passkey runs' section: each run's k_max and its accuracy per length (the mean over
-    depths), and the heatmaps of their grids; ``labels``: each run's row, as table cells."""
+def passkey_section(
+    results: list[Any], header: str, labels: list[str], mean_std: Callable[..., str]
+) -> list[str]:
+    """The passkey runs' section: each group's k_max and accuracy per length as ``mean_std``
+    over its seeds (``lm.compare.report``'s), then each run's, and the heatmaps of their
+    grids; ``labels``: each run's row, as table cells."""
     passkey = [(r, label) for r, label in zip(results, labels, strict=True) if r.accuracy]
     lengths = sorted({row["length"] for r, _ in passkey for row in r.accuracy})
     first = passkey[0][0].accuracy[0]
     keys, depths = first["depths"][0]["examples"], len(first["depths"])
+    at = " | ".join(f"@{n}" for n in lengths)
     lines = [
         "## Passkey retrieval by length and depth",
         "",
@@ -40,11 +45,23 @@ def passkey_section(results: list[Any], header: str, labels: list[str]) -> list[
         "`lm eval`); a key counts only if all 5 digits are the model's likeliest. `k_max` is "
         "Position Interpolation's: the longest length at which it and every shorter one "
         "retrieve at least 20% of the keys, over all depths (none: the shortest does not). A "
-        "cell is a length's accuracy over all depths; report.json has every cell.",
+        "cell is a length's accuracy over all depths, first mean ± std over seeds (a k_max "
+        "that is none in some seed: each seed's), then each run's; report.json has every cell.",
         "",
-        f"| {header} | seed | k_max | " + " | ".join(f"@{n}" for n in lengths) + " |",
+        f"| {header} | seeds | k_max | {at} |",
         "|---|---:|---:|" + "---:|" * len(lengths),
     ]
+    groups: dict[str, list[Any]] = {}
+    for r, label in passkey:
+        groups.setdefault(label, []).append(r)
+    for label, runs in groups.items():
+        found = [{row["length"]: row["accuracy"] for row in r.accuracy} for r in runs]
+        cells = [mean_std([f.get(n) for f in found], ".1%") for n in lengths]
+        k = [passkey_k_max(r.accuracy) for r in runs]
+        shown = ", ".join("none" if x is None else str(x) for x in k)
+        k_cell = shown if None in k else mean_std(k, ".0f")
+        lines.append(f"| {label} | {len(runs)} | {k_cell} | " + " | ".join(cells) + " |")
+    lines += ["", f"| {header} | seed | k_max | {at} |", "|---|---:|---:|" + "---:|" * len(lengths)]
     for r, label in passkey:
         found = {row["length"]: row["accuracy"] for row in r.accuracy}
         cells = [

@@ -504,7 +504,7 @@ def _accuracy_section(results: list[RunResult], g: _Grouping) -> list[str]:
         return []
     first = next(r for r in results if r.accuracy is not None)
     if is_passkey(first.accuracy):
-        return passkey_section(results, g.header, [_cell(label) for label in g.labels])
+        return passkey_section(results, g.header, [_cell(label) for label in g.labels], _mean_std)
     examples = first.accuracy[0]["examples"]
     if "split" in first.accuracy[0]:
         data = first.config.data

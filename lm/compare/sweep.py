@@ -258,6 +258,7 @@ def run_sweep(
     evaluation: Evaluation = Evaluation(),
     jobs: int | str = 1,
     measure_device: str | None = None,
+    init_from: str | Path | None = None,
 ) -> list[Path]:
     """Train (or reuse, or resume) one run per value and seed; returns their folders in order.
 
@@ -268,6 +269,7 @@ def run_sweep(
     alone, is evaluated as the finished sweep's would be. ``jobs`` > 1 trains that many runs at
     once, each in its own process (:mod:`lm.compare.jobs`); with ``measure_device`` each job
     then measures its run for the report, on that device (:func:`lm.compare.measure.measure_job`).
+    ``init_from``: each run of seed N starts from ``init_from/seed<N>``'s weights (checked first).
     """
     overrides = overrides or []
     out_dir = Path(out_dir)
@@ -285,22 +287,44 @@ def run_sweep(
         for seed in seeds
     ]
     configs = [load_config(config_path, keys) for _, keys in plan]  # every one checked first
+    run_dirs = [run_dir for run_dir, _ in plan]
     if vary_key is not None:
         seen = configs[:: len(seeds)]  # each value's first seed
         _refuse_repeats(vary_key, list(values), [json.dumps(c.to_dict()) for c in seen])
-        _refuse_shared_folders(
-            vary_key, list(values), [run_dir for run_dir, _ in plan][:: len(seeds)]
-        )
-    _refuse_other_sweep(out_dir, vary_key, [run_dir for run_dir, _ in plan])
+        _refuse_shared_folders(vary_key, list(values), run_dirs[:: len(seeds)])
+    _refuse_other_sweep(out_dir, vary_key, run_dirs)
+    init = _init_sources(init_from, run_dirs, configs)
     if jobs == "auto":
         jobs = auto_jobs_of(configs, device, log)
-    write_sweep_record(out_dir, [run_dir for run_dir, _ in plan], evaluation)
-    measure = None
-    if measure_device is not None:
-        measure = job_spec(evaluation, report_prompt(evaluation, configs[0].data), measure_device)
+    write_sweep_record(out_dir, run_dirs, evaluation)
+    prompt = report_prompt(evaluation, configs[0].data)  # one example: cheap
+    measure = None if measure_device is None else job_spec(evaluation, prompt, measure_device)
     paths = [config_path] * len(plan)
-    train_plan(plan, configs, paths, jobs, base, device, quiet, log, measure)
-    return [run_dir for run_dir, _ in plan]
+    train_plan(plan, configs, paths, jobs, base, device, quiet, log, measure, init)
+    return run_dirs
+
+
+def _init_sources(
+    init_from: str | Path | None, run_dirs: list[Path], configs: list[Config]
+) -> dict[Path, Path]:
+    """Each planned run's ``--init-from`` source by its folder: ``DIR/seed<N>`` for its seed N,
+    each checked as ``lm train --init-from`` checks it (a run with a checkpoint, weights that
+    fit) before the first run trains; none without ``init_from``."""
+    if init_from is None:
+        return {}
+    from lm.training.setup import config_for_init  # the model's modules: only when asked
+
+    sources = {}
+    for run_dir, config in zip(run_dirs, configs, strict=True):
+        source = Path(init_from) / f"seed{config.train.seed}"
+        if not source.is_dir():
+            raise LMError(
+                f"--init-from {init_from}: no run seed{config.train.seed} there (the run of "
+                f"seed N starts from {Path(init_from) / 'seed<N>'})"
+            )
+        config_for_init(config, source)  # refuses what does not fit, naming it
+        sources[run_dir] = source
+    return sources
 
 
 def auto_jobs_of(configs: list[Config], device: torch.device, log: Callable[[str], None]) -> int:
@@ -339,16 +363,18 @@ def train_plan(
     quiet: bool,
     log: Callable[[str], None],
     measure: str | None = None,
+    init: dict[Path, Path] | None = None,
 ) -> None:
     """Train (or reuse, or resume) every planned run (``configs[i]``: ``config_paths[i]`` and
     ``plan[i]``'s keys; lm bench's runs are of several files), in this process or as ``jobs``
     jobs (each then measuring its run as ``measure``, a :func:`lm.compare.measure.job_spec`,
-    says)."""
+    says); a run that ``init`` maps to a run folder starts from its weights."""
     # Here, not above: a report alone never trains, and the trainer's imports (distributed
     # checkpointing among them) take seconds.
     from lm.training.loop import train
 
     waiting = []
+    init = init or {}
     for (run_dir, keys), config, path in zip(plan, configs, config_paths, strict=True):
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is not None:
@@ -361,15 +387,10 @@ def train_plan(
         elif jobs == 1:
             log(f"compare: training {run_dir}")
         if jobs > 1:
-            # Without a checkpoint, whatever the folder holds (a run killed before its first
-            # save) is cleared and training starts over.
-            again = "--resume" if checkpoint is not None else "--overwrite"
-            args = [str(path), "--out", str(run_dir), again]
-            args += ["--measure", measure] if measure is not None else []
-            args += ["--set", *keys]
+            args = _job_args(path, run_dir, checkpoint, measure, init.get(run_dir), keys)
             waiting.append((Job(run_dir, args, config.train.max_steps), config))
             continue
-        _train_here(train, config, run_dir, checkpoint is not None, quiet)
+        _train_here(train, config, run_dir, checkpoint is not None, quiet, init.get(run_dir))
     if waiting:
         # The first run of each data config makes its tokenizer and ids; here, once, first.
         for data in {c.data: None for _, c in waiting}:
@@ -382,17 +403,43 @@ def train_plan(
 
         def here(job: Job) -> None:
             resume = latest_checkpoint(job.run_dir) is not None
-            _train_here(train, configs_of[job.run_dir], job.run_dir, resume, quiet)
+            config = configs_of[job.run_dir]
+            _train_here(train, config, job.run_dir, resume, quiet, init.get(job.run_dir))
 
         run_jobs([job for job, _ in waiting], jobs, gpus, log, cores, here)
 
 
+def _job_args(
+    config_path: str | Path,
+    run_dir: Path,
+    checkpoint: Path | None,
+    measure: str | None,
+    source: Path | None,
+    keys: list[str],
+) -> list[str]:
+    """The ``lm train`` arguments of a run trained as a job (:mod:`lm.compare.worker`): it
+    resumes from ``checkpoint``; without one, whatever its folder holds (a run killed before
+    its first save) is cleared and training starts over."""
+    args = [str(config_path), "--out", str(run_dir)]
+    args += ["--resume" if checkpoint is not None else "--overwrite"]
+    args += ["--measure", measure] if measure is not None else []
+    args += ["--init-from", str(source)] if source is not None else []
+    return [*args, "--set", *keys]
+
+
 def _train_here(
-    train: Callable[..., Any], config: Config, run_dir: Path, resume: bool, quiet: bool
+    train: Callable[..., Any],
+    config: Config,
+    run_dir: Path,
+    resume: bool,
+    quiet: bool,
+    init_from: Path | None = None,
 ) -> None:
-    """Train one run of the sweep in this process; an interruption or a failure, said in one
-    line."""
-    result = train(config, run_dir, resume=resume, overwrite=not resume, quiet=quiet)
+    """Train one run of the sweep in this process (from ``init_from``'s weights, if given); an
+    interruption or a failure, said in one line."""
+    result = train(
+        config, run_dir, resume=resume, overwrite=not resume, quiet=quiet, init_from=init_from
+    )
     if result.status == "interrupted":
         raise KeyboardInterrupt(
             f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
@@ -516,6 +563,7 @@ def compare(
     max_new_tokens: int | None = None,
     device: str = "cpu",
     jobs: int | str = 1,
+    init_from: str | Path | None = None,
 ) -> str:
     """``lm compare``: a sweep (one config file and ``vary``), then its report; or the report
     of runs that exist (run folders, or folders holding them). Returns the Markdown.
@@ -524,7 +572,8 @@ def compare(
     (``eval.rope_scaling``), which measures the same trained runs again without retraining;
     ``rope_scaling`` is one evaluation-time extension for every RoPE run. The evaluation flags
     left None take their defaults in a sweep, and in a report alone of one folder the settings
-    its record (``sweep.json``) holds."""
+    its record (``sweep.json``) holds. ``init_from``: each seed N's run of a sweep starts from
+    the weights of ``init_from/seed<N>`` (:func:`run_sweep`)."""
     log = _quiet if quiet else print_to_stderr
     if out is not None:
         check_out_dir(out)
@@ -536,7 +585,7 @@ def compare(
         "prompt": prompt,
         "max_new_tokens": max_new_tokens,
     }
-    shaped = seeds is not None or bool(overrides) or jobs != 1
+    shaped = seeds is not None or bool(overrides) or jobs != 1 or init_from is not None
     if _is_sweep(paths, training is not None, rope_scalings is not None, shaped):
         key, values = training if training is not None else (None, None)
         if rope_scalings is not None:  # refused before any training, not after it
@@ -546,8 +595,9 @@ def compare(
         out_dir = Path(out) if out is not None else DEFAULT_OUT
         evaluation = Evaluation().given(**flags)
         runs = run_sweep(
-            paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs, device
-        )
+            paths[0], key, values, seeds, overrides, out_dir, quiet, evaluation, jobs, device,
+            init_from,
+        )  # fmt: skip
         return report(runs, out_dir, evaluation, device=device, log=log)
     runs, evaluation = _existing_runs(paths, log)
     evaluation = evaluation.given(**flags)
@@ -556,7 +606,8 @@ def compare(
 
 def _is_sweep(paths: list[str], trains: bool, evaluates: bool, shaped: bool) -> bool:
     """Whether ``lm compare`` is asked for a sweep (one config file, a key to vary) or for the
-    report of runs that exist, refusing the other's flags (``shaped``: --seeds, --set, --jobs)."""
+    report of runs that exist, refusing the other's flags (``shaped``: --seeds, --set, --jobs,
+    --init-from)."""
     is_config = len(paths) == 1 and Path(paths[0]).suffix in (".yaml", ".yml")
     if trains and not is_config:
         raise ConfigError("--vary sweeps one config: give a single CONFIG.yaml, no run folders")
@@ -566,7 +617,7 @@ def _is_sweep(paths: list[str], trains: bool, evaluates: bool, shaped: bool) -> 
         )
     if shaped and not is_config:
         raise ConfigError(
-            "--seeds, --set and --jobs shape a sweep: use them with CONFIG.yaml --vary"
+            "--seeds, --set, --jobs and --init-from shape a sweep: use them with CONFIG.yaml --vary"
         )
     return is_config
 

@@ -3,8 +3,8 @@ lm.compare.worker``: it trains the runs it is given one after another in this pr
 pays its start (imports) once.
 
 Each line on standard input is the JSON list of one run's ``lm train`` arguments as a sweep
-writes them (the config, ``--out``, ``--resume`` or ``--overwrite``, ``--set``, ``--quiet``),
-and ``--measure SPEC``: once trained, measure the run as the sweep's report will
+writes them (the config, ``--out``, ``--resume`` or ``--overwrite``, ``--init-from``, ``--set``,
+``--quiet``), and ``--measure SPEC``: once trained, measure the run as the sweep's report will
 (:func:`lm.compare.measure.measure_job`). The run trains as ``python -m lm train ARGS`` would,
 and its ``run.json`` records that command. The worker answers each run with its exit status,
 ``{"code": N}``, one line on standard output; what the run says goes to standard error, an
@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[])
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--measure", metavar="SPEC")
+    parser.add_argument("--init-from")
     return parser
 
 
@@ -80,7 +81,14 @@ def train_job(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
         config = load_config(args.config, args.overrides)
         out = check_out_dir(Path(args.out))
-        result = train(config, out, resume=args.resume, overwrite=args.overwrite, quiet=True)
+        result = train(
+            config,
+            out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            quiet=True,
+            init_from=args.init_from,
+        )
         code = {"done": 0, "target": 0, "interrupted": 130}.get(result.status, 1)
         if result.message:
             print(f"lm: {one_line(result.message)}", file=sys.stderr)

@@ -15,7 +15,7 @@ import torch
 
 from lm.config.errors import ConfigError, LMError, SharedError
 from lm.config.load import config_diff
-from lm.config.names import BUILTIN_TOKENIZERS, readers
+from lm.config.names import BUILTIN_TOKENIZERS, readers, task_of
 from lm.config.sections import Config, ModelConfig
 from lm.data.tokenizer import TextTokenizer
 from lm.model.transformer import TransformerLM
@@ -202,8 +202,13 @@ def config_for_init(
             "not trained anew"
         )
     # data.vocab_size sizes a tokenizer trained on the data; one read from a file has its own.
-    data = dataclasses.replace(config.data, tokenizer=str(own.resolve()), vocab_size=None)
-    config = config.replace(data=data)
+    # A generated task's char or byte tokenizer is its alphabet's: the same task and kind make
+    # the source's ids (checked when the weights load), so the name stays, which the passkey
+    # task, whose lengths are characters, needs.
+    same = config.data.source == saved.data.source and named == saved.data.tokenizer
+    keep = same and named in ("char", "byte") and task_of(config.data.source) is not None
+    data = dataclasses.replace(config.data, tokenizer=named if keep else str(own.resolve()))
+    config = config.replace(data=dataclasses.replace(data, vocab_size=None))
     if readers("cope_max", config.model.layer_positions) and config.model.cope_max is None:
         # CoPE's table is as long as its run's context plus one: kept at a new context.
         model = dataclasses.replace(config.model, cope_max=saved.model.cope_positions)
