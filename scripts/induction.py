@@ -93,6 +93,18 @@ def measure(run: Path, threshold: float) -> dict:
     }
 
 
+def runs_in_order(paths: list[str]) -> list[Path]:
+    """The runs ``paths`` name, a sweep's in the order it trained them (its sweep.json)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        sweep = path / "sweep.json"
+        if sweep.is_file():
+            found += [path / run for run in json.loads(sweep.read_text())["runs"]]
+        else:
+            found += find_runs([path])
+    return found
+
+
 def setting(run: Path, key: str) -> float:
     """A run's value of the dotted ``key`` in its config.yaml."""
     section, name = key.split(".", 1)
@@ -169,7 +181,7 @@ def main() -> None:
     try:
         groups: dict[str, list[dict]] = {}
         values: dict[str, float] = {}
-        for run in find_runs(args.runs):  # a sweep's seeds of one setting are one row
+        for run in runs_in_order(args.runs):  # a sweep's seeds of one setting are one row
             name = run.parent.name if run.name.startswith("seed") else str(run)
             groups.setdefault(name, []).append(measure(run, args.threshold))
             if args.fit:

@@ -55,6 +55,14 @@ ADDITION_BUDGET = (
 )
 FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs auto"
 FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
+INDUCTION = (
+    "lm compare configs/induction.yaml --seeds 1,2,3 --jobs auto --eval-lengths 1x "
+    "--eval-batches 8 --prompt KdqWzbRmKdqW --max-new-tokens 8"
+)
+INDUCTION_SCHEMES = (
+    "rope,sinusoidal,learned,alibi,sandwich,xpos,fope,hope,none,none+model.normalize=stick_breaking"
+)
+INDUCTION_BIASES = "t5,kerple,fire,fox,cope,dape,path,pope"
 
 
 @dataclass(frozen=True)
@@ -333,6 +341,48 @@ EXPERIMENTS = (
             "rope+model.random_positions=64+model.random_positions_eval=true,"
             "learned+model.random_positions=64+model.random_positions_eval=true "
             "--seeds 1,2,3 --jobs auto --out runs/parity",
+        ),
+    ),
+    Experiment(
+        "induction-olsson",
+        "heads/olsson",
+        "37-39",
+        (
+            f"{INDUCTION} --vary model.n_layer=2,1,1+model.smear_keys=true "
+            "--out runs/induction-olsson",
+            "python scripts/induction.py runs/induction-olsson "
+            "--table docs/heads/olsson/formation.md "
+            "--picture docs/heads/olsson/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
+        "induction-context",
+        "heads/context",
+        "40",
+        (
+            f"{INDUCTION} --vary model.context_length=12+data.task_lengths=1-6,"
+            "24+data.task_lengths=1-12,48+data.task_lengths=1-24,96+data.task_lengths=1-48 "
+            "--out runs/induction-context",
+            "python scripts/induction.py runs/induction-context --fit model.context_length "
+            "--table docs/heads/context/formation.md "
+            "--picture docs/heads/context/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
+        "induction-schemes",
+        "heads/schemes",
+        "41-44",
+        (f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",),
+    ),
+    Experiment(
+        "induction-biases",
+        "heads/biases",
+        "41-44",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_BIASES} --out runs/induction-biases",
+            "python scripts/induction.py runs/induction-schemes runs/induction-biases "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
         ),
     ),
 )
