@@ -15,11 +15,13 @@ induction score among all its layers' heads:
 
 * **formation step**: the first evaluation at which ``best`` reaches ``--threshold`` (0.5: half
   of every second-copy query's weight on the token after its earlier copy, where a head that
-  spreads evenly over a 64-token probe scores about 0.03); none if it never does;
+  spreads evenly over a 64-token probe scores 0.02); none if it never does;
 * **half-way steps** of the validation loss, the in-context learning score and ``best``: the
   first evaluation at which each has covered half of its change from the first evaluation to
   the last (a phase change moves all three at once);
-* **rise**: steps from the first evaluation with ``best`` at 0.2 or more to the formation step.
+* **rise**: steps from the first evaluation with ``best`` at 0.2 or more to the formation step;
+* **lags**: the loss's and the icl score's half-way steps minus the formation step (0: together,
+  within one evaluation interval).
 
 A sweep's seeds of one setting make one row, mean ± std over the seeds that formed heads.
 """
@@ -80,11 +82,15 @@ def measure(run: Path, threshold: float) -> dict:
     s = series(run)
     formed = first_step(s["step"], s["best"] >= threshold)
     rise = first_step(s["step"], s["best"] >= RISE_FROM)
+    loss_half, icl_half = half_way(s["step"], s["val_loss"]), half_way(s["step"], s["icl"])
+    lag = lambda step: None if step is None or formed is None else step - formed  # noqa: E731
     return {
         "formed": formed,
+        "loss_lag": lag(loss_half),
+        "icl_lag": lag(icl_half),
         "rise": None if formed is None or rise is None else formed - rise,
-        "loss_half": half_way(s["step"], s["val_loss"]),
-        "icl_half": half_way(s["step"], s["icl"]),
+        "loss_half": loss_half,
+        "icl_half": icl_half,
         "best_half": half_way(s["step"], s["best"]),
         "loss": (float(s["val_loss"][0]), float(s["val_loss"][-1])),
         "icl": (float(s["icl"][0]), float(s["icl"][-1])),
@@ -125,9 +131,10 @@ def cell(values: list, digits: int = 0, signed: bool = False) -> str:
 def table(groups: dict[str, list[dict]], threshold: float) -> list[str]:
     lines = [
         f"| runs | seeds | formed | formation step (best ≥ {threshold:g}) | rise from "
-        f"{RISE_FROM:g} (steps) | half-way step: val loss | icl score | best induction | val loss "
-        "first → last | icl score first → last | peak best induction |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|",
+        f"{RISE_FROM:g} (steps) | half-way step: val loss | icl score | best induction | "
+        "val loss, icl score half-way minus formation (steps) | val loss first → last | "
+        "icl score first → last | peak best induction |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
     ]
     for name, found in groups.items():
         get = {key: [f[key] for f in found] for key in found[0]}
@@ -137,8 +144,10 @@ def table(groups: dict[str, list[dict]], threshold: float) -> list[str]:
         lines.append(
             f"| {name} | {len(found)} | {formed} of {len(found)} | {cell(get['formed'])} | "
             f"{cell(get['rise'])} | {cell(get['loss_half'])} | {cell(get['icl_half'])} | "
-            f"{cell(get['best_half'])} | {cell(list(first), 3)} → {cell(list(last), 3)} | "
-            f"{cell(list(icl_first), 3, True)} → {cell(list(icl_last), 3, True)} | "
+            f"{cell(get['best_half'])} | {cell(get['loss_lag'], signed=True)}, "
+            f"{cell(get['icl_lag'], signed=True)} | {cell(list(first), 3)} → "
+            f"{cell(list(last), 3)} | {cell(list(icl_first), 3, True)} → "
+            f"{cell(list(icl_last), 3, True)} | "
             f"{cell(get['peak'], 3)} |"
         )
     return lines

@@ -295,6 +295,7 @@ def test_the_formation_step_is_the_first_evaluation_whose_best_head_reaches_the_
     assert found["formed"] == 100 and found["rise"] == 25  # 0.2 first reached at step 75
     assert found["loss_half"] == 100  # 2.6 is the first loss at or below (3.9 + 2.0) / 2
     assert found["icl_half"] == 100 and found["best_half"] == 100
+    assert found["loss_lag"] == found["icl_lag"] == 0
     assert found["peak"] == 0.95 and found["loss"] == (3.9, 2.0)
     never = _logged(tmp_path / "never", [0.03, 0.04], [3.9, 3.9], [None, None])
     assert induction.measure(never, 0.5)["formed"] is None
