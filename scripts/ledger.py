@@ -59,10 +59,16 @@ INDUCTION = (
     "lm compare configs/induction.yaml --seeds 1,2,3 --jobs auto --eval-lengths 1x "
     "--eval-batches 8 --prompt KdqWzbRmKdqW --max-new-tokens 8"
 )
-INDUCTION_SCHEMES = (
-    "rope,sinusoidal,learned,alibi,sandwich,xpos,fope,hope,none,none+model.normalize=stick_breaking"
+INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,sandwich,xpos,fope,hope,none"
+CONTEXTS = (
+    "16+task_lengths=1-8",
+    "32+task_lengths=1-16",
+    "64",
+    "96+task_lengths=1-48+max_steps=3000",
 )
-INDUCTION_BIASES = "t5,kerple,fire,fox,cope,dape,path,pope"
+SCHEMES_OUT = (
+    "--table docs/heads/schemes/formation.md --picture docs/heads/schemes/induction_vs_step.png"
+)
 
 
 @dataclass(frozen=True)
@@ -360,29 +366,41 @@ EXPERIMENTS = (
         "heads/context",
         "40",
         (
-            f"{INDUCTION} --vary model.context_length=12+data.task_lengths=1-6,"
-            "24+data.task_lengths=1-12,48+data.task_lengths=1-24,96+data.task_lengths=1-48 "
-            "--out runs/induction-context",
-            "python scripts/induction.py runs/induction-context --fit model.context_length "
+            f"{INDUCTION} --vary model.context_length=16+data.task_lengths=1-8,"
+            "32+data.task_lengths=1-16,64,96+data.task_lengths=1-48+train.max_steps=3000,"
+            "64+data.task_lengths=1-16 --out runs/induction-context",
+            "python scripts/induction.py runs/induction-context "
             "--table docs/heads/context/formation.md "
             "--picture docs/heads/context/induction_vs_step.png",
+            "python scripts/induction.py "
+            + " ".join(f"runs/induction-context/context_length={c}" for c in CONTEXTS)
+            + " --fit model.context_length --table docs/heads/context/fit.md",
         ),
     ),
     Experiment(
         "induction-schemes",
         "heads/schemes",
         "41-44",
-        (f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",),
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",
+            f"python scripts/induction.py runs/induction-schemes {SCHEMES_OUT}",
+        ),
     ),
     Experiment(
-        "induction-biases",
-        "heads/biases",
+        "induction-schemes-2",
+        "heads/schemes-2",
+        "41-44",
+        (f"{INDUCTION} --vary model.position=t5,fire,cope --out runs/induction-schemes-2",),
+    ),
+    Experiment(
+        "induction-schemes-3",
+        "heads/schemes-3",
         "41-44",
         (
-            f"{INDUCTION} --vary model.position={INDUCTION_BIASES} --out runs/induction-biases",
-            "python scripts/induction.py runs/induction-schemes runs/induction-biases "
-            "--table docs/heads/schemes/formation.md "
-            "--picture docs/heads/schemes/induction_vs_step.png",
+            f"{INDUCTION} --vary model.position=fox,pope,none+model.normalize=stick_breaking "
+            "--out runs/induction-schemes-3",
+            "python scripts/induction.py runs/induction-schemes runs/induction-schemes-2 "
+            f"runs/induction-schemes-3 {SCHEMES_OUT}",
         ),
     ),
 )
