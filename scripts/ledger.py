@@ -384,7 +384,11 @@ EXPERIMENTS = (
         "induction-schemes-2",
         "heads/schemes-2",
         "41-44",
-        (f"{INDUCTION} --vary model.position=t5,fire,cope --out runs/induction-schemes-2",),
+        (
+            f"{INDUCTION} --vary model.position=t5,fire,cope --out runs/induction-schemes-2",
+            f"python scripts/induction.py runs/induction-schemes runs/induction-schemes-2 "
+            f"{SCHEMES_OUT}",
+        ),
     ),
     Experiment(
         "induction-schemes-3",
