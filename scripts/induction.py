@@ -95,6 +95,7 @@ def measure(run: Path, threshold: float) -> dict:
         "loss": (float(s["val_loss"][0]), float(s["val_loss"][-1])),
         "icl": (float(s["icl"][0]), float(s["icl"][-1])),
         "peak": float(s["best"].max()),
+        "last": float(s["best"][-1]),
         "curve": (s["step"].tolist(), s["best"].tolist()),
     }
 
@@ -133,8 +134,8 @@ def table(groups: dict[str, list[dict]], threshold: float) -> list[str]:
         f"| runs | seeds | formed | formation step (best ≥ {threshold:g}) | rise from "
         f"{RISE_FROM:g} (steps) | half-way step: val loss | icl score | best induction | "
         "val loss, icl score half-way minus formation (steps) | val loss first → last | "
-        "icl score first → last | peak best induction |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|",
+        "icl score first → last | best induction: peak | last |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
     for name, found in groups.items():
         get = {key: [f[key] for f in found] for key in found[0]}
@@ -148,7 +149,7 @@ def table(groups: dict[str, list[dict]], threshold: float) -> list[str]:
             f"{cell(get['icl_lag'], signed=True)} | {cell(list(first), 3)} → "
             f"{cell(list(last), 3)} | {cell(list(icl_first), 3, True)} → "
             f"{cell(list(icl_last), 3, True)} | "
-            f"{cell(get['peak'], 3)} |"
+            f"{cell(get['peak'], 3)} | {cell(get['last'], 3)} |"
         )
     return lines
 
