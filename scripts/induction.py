@@ -39,9 +39,9 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's lm
-from lm.compare import plots  # noqa: E402
-from lm.compare.sweep import find_runs  # noqa: E402
-from lm.config.errors import LMError  # noqa: E402
+from lm.compare import plots
+from lm.compare.sweep import find_runs
+from lm.config.errors import LMError
 
 THRESHOLD = 0.5
 RISE_FROM = 0.2
