@@ -61,9 +61,6 @@ INDUCTION = (
 )
 INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,none"
 CONTEXTS = ("16+task_lengths=1-8", "32+task_lengths=1-16", "64")
-SCHEMES_OUT = (
-    "--table docs/heads/schemes/formation.md --picture docs/heads/schemes/induction_vs_step.png"
-)
 
 
 @dataclass(frozen=True)
@@ -377,28 +374,21 @@ EXPERIMENTS = (
         "41-44",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",
-            f"python scripts/induction.py runs/induction-schemes {SCHEMES_OUT}",
+            "python scripts/induction.py runs/induction-schemes "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
         ),
     ),
     Experiment(
-        "induction-schemes-2",
-        "heads/schemes-2",
-        "41-44",
+        "induction-stick-breaking",
+        "heads/stick-breaking",
+        "45",
         (
-            f"{INDUCTION} --vary model.position=t5,fire,cope --out runs/induction-schemes-2",
-            f"python scripts/induction.py runs/induction-schemes runs/induction-schemes-2 "
-            f"{SCHEMES_OUT}",
-        ),
-    ),
-    Experiment(
-        "induction-schemes-3",
-        "heads/schemes-3",
-        "41-44",
-        (
-            f"{INDUCTION} --vary model.position=fox,pope,none+model.normalize=stick_breaking "
-            "--out runs/induction-schemes-3",
-            "python scripts/induction.py runs/induction-schemes runs/induction-schemes-2 "
-            f"runs/induction-schemes-3 {SCHEMES_OUT}",
+            f"{INDUCTION} --vary model.position=none+model.normalize=stick_breaking "
+            "--out runs/induction-stick-breaking",
+            "python scripts/induction.py runs/induction-schemes runs/induction-stick-breaking "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
         ),
     ),
 )
