@@ -379,6 +379,18 @@ EXPERIMENTS = (
             "--picture docs/heads/schemes/induction_vs_step.png",
         ),
     ),
+    Experiment(
+        "induction-stick-breaking",
+        "heads/stick-breaking",
+        "45",
+        (
+            f"{INDUCTION} --vary model.position=none+model.normalize=stick_breaking "
+            "--out runs/induction-stick-breaking",
+            "python scripts/induction.py runs/induction-schemes runs/induction-stick-breaking "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
+        ),
+    ),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
