@@ -371,7 +371,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes",
         "heads/schemes",
-        "41-44",
+        "41-43",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",
             "python scripts/induction.py runs/induction-schemes "
@@ -382,7 +382,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-stick-breaking",
         "heads/stick-breaking",
-        "45",
+        "44",
         (
             f"{INDUCTION} --vary model.position=none+model.normalize=stick_breaking "
             "--out runs/induction-stick-breaking",
