@@ -55,6 +55,12 @@ ADDITION_BUDGET = (
 )
 FLIPFLOP = "lm compare configs/flipflop.yaml --seeds 1,2,3 --jobs auto"
 FLIPFLOP_SCHEMES = "rope,learned,alibi,cope,fox,none,none+model.normalize=stick_breaking"
+INDUCTION = (
+    "lm compare configs/induction.yaml --seeds 1,2,3 --jobs auto --eval-lengths 1x "
+    "--eval-batches 8 --prompt KdqWzbRmKdqW --max-new-tokens 8"
+)
+INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,none"
+CONTEXTS = ("16+task_lengths=1-8", "32+task_lengths=1-16", "64")
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
 batches."""
@@ -346,9 +352,59 @@ EXPERIMENTS = (
         ),
     ),
     Experiment(
+        "induction-olsson",
+        "heads/olsson",
+        "37-39",
+        (
+            f"{INDUCTION} --vary model.n_layer=2,1,1+model.smear_keys=true "
+            "--out runs/induction-olsson",
+            "python scripts/induction.py runs/induction-olsson "
+            "--table docs/heads/olsson/formation.md "
+            "--picture docs/heads/olsson/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
+        "induction-context",
+        "heads/context",
+        "40",
+        (
+            f"{INDUCTION} --vary model.context_length=16+data.task_lengths=1-8,"
+            "32+data.task_lengths=1-16,64,64+data.task_lengths=1-16 --out runs/induction-context",
+            "python scripts/induction.py runs/induction-context "
+            "--table docs/heads/context/formation.md "
+            "--picture docs/heads/context/induction_vs_step.png",
+            "python scripts/induction.py "
+            + " ".join(f"runs/induction-context/context_length={c}" for c in CONTEXTS)
+            + " --fit model.context_length --table docs/heads/context/fit.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes",
+        "heads/schemes",
+        "41-43",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES} --out runs/induction-schemes",
+            "python scripts/induction.py runs/induction-schemes "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
+        "induction-stick-breaking",
+        "heads/stick-breaking",
+        "44",
+        (
+            f"{INDUCTION} --vary model.position=none+model.normalize=stick_breaking "
+            "--out runs/induction-stick-breaking",
+            "python scripts/induction.py runs/induction-schemes runs/induction-stick-breaking "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
         "passkey-rope",
         "tasks/passkey-rope",
-        "50",
+        "48",
         (
             "lm compare configs/passkey_base.yaml --vary model.position=rope --seeds 1,2,3 "
             f"{PASSKEY_REPORT} --jobs auto --out runs/passkey-rope",
@@ -357,7 +413,7 @@ EXPERIMENTS = (
     Experiment(
         "passkey-extend",
         "tasks/passkey-extend",
-        "47-49",
+        "45-47",
         (
             "lm compare configs/passkey_extend.yaml --init-from runs/passkey-rope/position=rope "
             f"--vary model.rope_scaling={PASSKEY_EXTENSIONS} --seeds 1,2,3 {PASSKEY_REPORT} "

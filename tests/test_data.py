@@ -14,6 +14,7 @@ from lm.config.errors import ConfigError, DataError
 from lm.config.sections import DataConfig
 from lm.data.batches import PaddedCollator, TrainBatches, eval_batches
 from lm.data.sources import TokenizedSplit, prepare_data
+from lm.data.tasks import repeats
 from lm.data.tokenizer import TextTokenizer
 
 
@@ -161,6 +162,35 @@ def test_unknown_builtin_lists_the_builtins():
     with pytest.raises(ConfigError) as e:  # at load, before any data is read
         prepare(source="builtin:shakespeare")
     assert_one_line(e, "builtin:shakespeare", "builtin:python-docs", "builtin:copy")
+
+
+def test_builtin_repeats_writes_each_sequence_of_distinct_letters_twice_from_the_seed():
+    data = prepare(source="builtin:repeats", task_lengths="3-9", task_examples=60)
+    texts = documents(data.train, data.tokenizer) + documents(data.val, data.tokenizer)
+    assert len(texts) == 60 and len(documents(data.val, data.tokenizer)) == 6
+    for text in texts:
+        n = len(text) // 2
+        assert text[:n] == text[n:] and len(set(text[:n])) == n, text  # unique earlier copies
+        assert text.isascii() and text.isalpha()
+    assert {len(t) // 2 for t in texts} == set(range(3, 10))
+    assert texts == repeats(range(3, 10), 60, seed=1337)  # data.seed's default
+    assert repeats(range(3, 10), 60, seed=1338) != texts
+    every = repeats(range(52, 53), 1, seed=1)[0]
+    assert sorted(every[:52]) == sorted("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"task_lengths": "1-53"}, ["data.task_lengths", "distinct letters", "at most 52"]),
+        ({"task_eval_lengths": "1-10"}, ["data.task_eval_lengths", "repeats reads task_lengths"]),
+        ({"task_examples": 1}, ["data.task_examples", "at least 2"]),
+    ],
+)
+def test_builtin_repeats_refuses_what_it_cannot_write_in_one_line(settings, words):
+    with pytest.raises(ConfigError) as e:
+        DataConfig(source="builtin:repeats", **settings)
+    assert_one_line(e, *words)
 
 
 def test_hub_id_offline_fails_fast_in_one_line():

@@ -5,8 +5,11 @@ line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,6 +40,7 @@ from lm.model.transformer import TransformerLM
 from lm.training.board import scalars
 from lm.training.loop import train
 
+ROOT = Path(__file__).resolve().parents[1]
 N = 8  # tokens per copy in the planted patterns: the probe is 2N long
 
 
@@ -251,3 +255,68 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
     with pytest.raises(lm.LMError) as e:
         lm.heads(runs[True], step=11, device="cpu")
     assert_one_line(e, "step 11", "20, 30")
+
+
+# ---------------------------------------------------------------------------------------------
+# scripts/induction.py: the formation step read from what training logged
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("induction", ROOT / "scripts" / "induction.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _logged(run_dir, best, losses, icl, context=64):
+    """A run folder whose evaluations (every 25 steps) logged these best induction scores,
+    validation losses and in-context learning scores, one head of the two at ``best``."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"model": {"context_length": context}}))
+    rows = [{"step": 10, "train_loss": 4.0}]
+    for i, (b, v, c) in enumerate(zip(best, losses, icl, strict=True)):
+        heads = {"induction": [[0.02, b]], "previous_token": [[0.1, 0.1]]}
+        rows.append({"step": 25 * (i + 1), "val_loss": v, "icl_score": c, "heads": heads})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_the_formation_step_is_the_first_evaluation_whose_best_head_reaches_the_threshold(
+    tmp_path,
+):
+    induction = _script()
+    run = _logged(
+        tmp_path / "run",
+        best=[0.03, 0.05, 0.25, 0.6, 0.9, 0.95],
+        losses=[3.9, 3.9, 3.6, 2.6, 2.1, 2.0],
+        icl=[0.0, 0.0, -0.3, -1.2, -1.7, -1.8],
+    )
+    found = induction.measure(run, 0.5)
+    assert found["formed"] == 100 and found["rise"] == 25  # 0.2 first reached at step 75
+    assert found["loss_half"] == 100  # 2.6 is the first loss at or below (3.9 + 2.0) / 2
+    assert found["icl_half"] == 100 and found["best_half"] == 100
+    assert found["loss_lag"] == found["icl_lag"] == 0
+    assert found["peak"] == 0.95 and found["loss"] == (3.9, 2.0)
+    never = _logged(tmp_path / "never", [0.03, 0.04], [3.9, 3.9], [None, None])
+    assert induction.measure(never, 0.5)["formed"] is None
+    assert induction.measure(never, 0.5)["icl_half"] is None  # no score to read
+
+
+def test_the_fit_finds_the_exponent_of_formation_against_context(tmp_path, capsys, monkeypatch):
+    induction = _script()
+    for context in (16, 32, 64):
+        for seed in (1, 2):
+            formed = (context // 16) ** 2 * 4  # the evaluation index: step 100 * (T / 16)^2
+            best = [0.0] * (formed - 1) + [0.9]
+            _logged(
+                tmp_path / f"model.context_length={context}" / f"seed{seed}",
+                best, [3.0] * formed, [0.0] * formed, context,
+            )  # fmt: skip
+    monkeypatch.setattr(
+        sys, "argv", ["induction.py", str(tmp_path), "--fit", "model.context_length"]
+    )
+    induction.main()
+    out = capsys.readouterr().out
+    assert "| model.context_length=64 | 2 | 2 of 2 | 1600 ± 0 |" in out
+    assert "exponent, each seed's own fit: 2.00 ± 0.00" in out
+    assert "exponent of the means' fit: 2.00" in out

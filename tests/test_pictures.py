@@ -64,6 +64,19 @@ def test_loss_vs_context_legend_stays_clear():
     _legend_clear(plots.loss_vs_context_figure(curves, dict.fromkeys(LONG, 32)))
 
 
+def test_induction_against_step_tells_seventeen_schemes_apart_and_marks_the_threshold():
+    names = [f"position={n}" for n in "abcdefghijklmnopq"]
+    fig = plots.induction_vs_step_figure(
+        {k: [([25, 50, 75], [0.0, 0.5, 1.0]), ([25, 50, 75], [0.0, 0.3, 0.9])] for k in names}, 0.5
+    )
+    _legend_clear(fig)
+    (ax,) = fig.axes
+    styles = [line.get_linestyle() for line in ax.lines if line.get_label().startswith("pos")]
+    assert styles == ["-"] * 10 + ["--"] * 7  # past tab10's colours, dashed
+    assert ax.lines[0].get_ydata().tolist() == pytest.approx([0.0, 0.4, 0.95])  # seeds' mean
+    assert any(list(line.get_ydata()) == [0.5, 0.5] for line in ax.lines)  # the threshold
+
+
 def test_a_single_logged_point_is_drawn_as_a_marker():
     fig = plots.loss_curves_figure({"validation loss": _curves(["a"], points=1)}, "step")
     (line,) = fig.axes[0].lines

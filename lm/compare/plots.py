@@ -1,6 +1,6 @@
 """Pictures for comparing position schemes: loss curves, loss against context length, task
-accuracy, passkey grids, attention maps, the sinusoid table and the attention score by
-query-key offset.
+accuracy, induction heads forming, passkey grids, attention maps, the sinusoid table and the
+attention score by query-key offset.
 
 A leaf: every function draws plain numbers it is handed (numpy arrays, lists) into a PNG and
 knows nothing of runs or models. Figures are built as ``matplotlib.figure.Figure`` objects, never
@@ -46,7 +46,7 @@ def _colours(n: int) -> list:
     return [tab10(i) if i < 10 else tab20((2 * i + 1) % 20) for i in range(n)]
 
 
-def _draw_group(ax: Axes, runs: list[Run], colour, label: str) -> None:
+def _draw_group(ax: Axes, runs: list[Run], colour, label: str, style: str = "-") -> None:
     """Mean over seeds, the min-max range shaded. Seeds log at the same steps, so their points
     line up by index (a run cut short contributes its first points only)."""
     n = min(len(y) for _, y in runs)
@@ -57,7 +57,8 @@ def _draw_group(ax: Axes, runs: list[Run], colour, label: str) -> None:
     x = xs.mean(axis=0)
     seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
     marker = "o" if n == 1 else None  # a single logged point is a dot, not an invisible line
-    ax.plot(x, ys.mean(axis=0), color=colour, label=label + seeds, linewidth=1.5, marker=marker)
+    mean = ys.mean(axis=0)
+    ax.plot(x, mean, color=colour, label=label + seeds, linewidth=1.5, marker=marker, ls=style)
     if len(runs) > 1:
         ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=colour, alpha=0.2, linewidth=0)
 
@@ -170,6 +171,32 @@ def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figu
         xlabel="length of the task (symbols or digits); shaded: the trained lengths",
         ylabel="exact-match accuracy",
         title="Accuracy against length",
+        ylim=(-0.02, 1.02),
+    )
+    ax.grid(alpha=0.3)
+    _figure_legend(fig, [ax])
+    return fig
+
+
+def induction_vs_step(curves: Curves, threshold: float, path: str | Path) -> Path:
+    """The best induction score among a run's heads against step, one line per group (the mean
+    over seeds, the min-max range shaded); dotted, the score at which its heads are said to have
+    formed (docs/heads.md)."""
+    return _save(induction_vs_step_figure(curves, threshold), path)
+
+
+def induction_vs_step_figure(curves: Curves, threshold: float) -> Figure:
+    fig = Figure(figsize=(8, _height(len(curves))), layout="constrained")
+    ax = fig.subplots()
+    for i, ((group, runs), colour) in enumerate(
+        zip(curves.items(), _colours(len(curves)), strict=True)
+    ):
+        _draw_group(ax, runs, colour, group, "-" if i < 10 else "--")  # past tab10, dashed too
+    ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
+    ax.set(
+        xlabel="step",
+        ylabel="best induction score among the heads",
+        title=f"Induction heads forming (dotted: {threshold:g}, formed)",
         ylim=(-0.02, 1.02),
     )
     ax.grid(alpha=0.3)

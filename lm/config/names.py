@@ -219,8 +219,15 @@ HINTS = 26
 LETTER_TASKS = {"mqar": "key-value pairs (one distinct letter a key)", "indexing": "letters"}
 """Tasks whose length counts distinct letters, so at most 26 of them."""
 
-BUILTINS = ("python-docs", *TASKS)
-"""``data.source: builtin:NAME``: CPython's help topics, or a generated task."""
+REPEATS = "repeats"
+"""``builtin:repeats``: generated text, random sequences each written twice
+(``lm.data.tasks.repeats``), on which induction heads form within a small budget
+(docs/heads.md). Not a task: the loss is on every token; it reads ``data.task_lengths`` and
+``data.task_examples``."""
+
+BUILTINS = ("python-docs", REPEATS, *TASKS)
+"""``data.source: builtin:NAME``: CPython's help topics, generated repeats, or a generated
+task."""
 
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 OPTIMIZERS = ("adamw", "muon")

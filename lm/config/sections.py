@@ -239,8 +239,9 @@ class DataConfig:
 
     source: str = "builtin:python-docs"
     """A .txt/.jsonl/.json/.parquet file, folder or glob; a Hub dataset id; builtin:python-docs;
-    a generated task: builtin:copy | reverse | addition | flipflop | counting | selective_copy |
-    mqar | indexing | parity | passkey (lm/data/tasks.py, docs/tasks.md)."""
+    builtin:repeats (random sequences each written twice, docs/heads.md); a generated task:
+    builtin:copy | reverse | addition | flipflop | counting | selective_copy | mqar | indexing |
+    parity | passkey (lm/data/tasks.py, docs/tasks.md)."""
     config_name: str | None = None
     """Hub dataset configuration (for example wikitext-2-raw-v1)."""
     split: str = "train"
@@ -269,11 +270,12 @@ class DataConfig:
     """Seed of the random validation split and of a builtin task's examples."""
     task_lengths: int | str = "1-20"
     """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
-    of the input, or digits of each operand)."""
+    of the input, or digits of each operand); builtin:repeats: letters of each sequence, 1-52."""
     task_eval_lengths: int | str = "1-40"
     """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
     task_examples: int = 20000
-    """builtin tasks: training examples generated (val_fraction of them held out)."""
+    """builtin tasks and builtin:repeats: training examples (documents) generated (val_fraction
+    of them held out)."""
     task_eval_examples: int = 100
     """builtin tasks: examples per evaluation length (per length and split for a split task)."""
     flipflop_ignore: float = 0.8

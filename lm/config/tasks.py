@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from lm.config.errors import ConfigError
-from lm.config.names import HINTS, LETTER_TASKS, TASKS, task_of, task_tokens
+from lm.config.names import HINTS, LETTER_TASKS, REPEATS, TASKS, task_of, task_tokens
 from lm.config.values import parse_context_lengths, parse_task_lengths, shown
 
 TASK_OWN_KEYS = {
@@ -27,6 +27,10 @@ TASK_OWN_KEYS = {
 """Settings of one generated task each: set for another source, they are an error."""
 
 TASK_KEYS = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
+REPEATS_KEYS = ("task_lengths", "task_examples")
+"""The task keys ``builtin:repeats`` reads: its sequences' lengths and how many it writes."""
+REPEAT_SYMBOLS = 52
+"""Letters ``builtin:repeats`` draws a sequence's distinct symbols from (a-z, A-Z)."""
 
 PASSKEY_SHORTEST = len("The pass key is 12345. ") + len("What is the pass key? ") + 5
 """Characters of a passkey example with no filler: the key sentence, the question and the
@@ -41,10 +45,14 @@ def check_task(data: Any, fields: dict[str, Any]) -> None:
         if task != owner and getattr(data, key) != fields[key].default:
             raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
     if task is None:
+        repeats = data.source.strip() == f"builtin:{REPEATS}"
         for key in TASK_KEYS:
-            if getattr(data, key) != fields[key].default:
+            if getattr(data, key) != fields[key].default and not (repeats and key in REPEATS_KEYS):
                 tasks = ", ".join(f"builtin:{t}" for t in TASKS)
-                raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only")
+                also = f"; builtin:{REPEATS} reads task_lengths and task_examples" * repeats
+                raise ConfigError(f"data.{key}: applies to the builtin tasks ({tasks}) only{also}")
+        if repeats:
+            _check_repeats(data)
         return
     _check_settings(data)
     if task == "passkey":
@@ -60,6 +68,23 @@ def check_task(data: Any, fields: dict[str, Any]) -> None:
         )
     for key, lengths in zip(TASK_KEYS[:2], data.task_ranges(), strict=True):
         _check_lengths(data, task, key, lengths)
+
+
+def _check_repeats(data: Any) -> None:
+    """``builtin:repeats``: sequences of distinct letters, so at most :data:`REPEAT_SYMBOLS`
+    long, and enough of them to hold some out."""
+    lengths = parse_task_lengths(data.task_lengths, "data.task_lengths")
+    if lengths[-1] > REPEAT_SYMBOLS:
+        raise ConfigError(
+            f"data.task_lengths: builtin:{REPEATS} writes sequences of distinct letters and "
+            f"there are {REPEAT_SYMBOLS} (a-z, A-Z); at most {REPEAT_SYMBOLS}, got "
+            f"{data.task_lengths!r}"
+        )
+    if data.task_examples < 2:
+        raise ConfigError(
+            f"data.task_examples: {data.task_examples}; at least 2 (one to train on, one to "
+            "validate on)"
+        )
 
 
 def _check_settings(data: Any) -> None:

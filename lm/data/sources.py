@@ -4,8 +4,9 @@
 
 1. **Documents**, all through Hugging Face ``datasets``: local ``.txt`` (one document per file,
    line or paragraph), ``.jsonl``/``.json`` and ``.parquet`` files, a folder or glob of them; a
-   Hub dataset id; or ``builtin:python-docs`` (the help topics shipped with CPython, so the
-   trainer works offline on any machine). Empty documents are skipped: they hold nothing to
+   Hub dataset id; ``builtin:python-docs`` (the help topics shipped with CPython, so the
+   trainer works offline on any machine); or ``builtin:repeats`` (random sequences each written
+   twice: :func:`lm.data.tasks.repeats`). Empty documents are skipped: they hold nothing to
    predict. A generated task (``builtin:copy``, ``counting``, ``mqar``...: :mod:`lm.data.tasks`)
    gives one document per example, with where its answer starts.
 2. **Validation split**: the source's own if it has one (Hub only), else a held-out fraction,
@@ -42,12 +43,12 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from lm.config.errors import DataError
-from lm.config.names import BUILTIN_TOKENIZERS, TASKS, task_of
+from lm.config.names import BUILTIN_TOKENIZERS, REPEATS, TASKS, task_of
 from lm.config.sections import DataConfig
 from lm.config.tasks import TASK_OWN_KEYS
 from lm.data.cache import PreparedData, quiet_datasets, token_ids, tokenizer_for, unwritable
 from lm.data.cache import TokenizedSplit as TokenizedSplit  # where the pipeline's users find it
-from lm.data.tasks import TaskSettings, training_examples
+from lm.data.tasks import TaskSettings, repeats, training_examples
 from lm.runtime.choices import cache_dir
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def cache_root(cfg: DataConfig) -> Path:
 class _Source:
     """Where the documents come from, found without reading them (so a cache hit reads nothing)."""
 
-    kind: str  # builtin | task | files | hub
+    kind: str  # builtin | repeats | task | files | hub
     fingerprint: dict[str, Any]
     files: tuple[Path, ...] = ()
 
@@ -209,6 +210,9 @@ def _resolve_source(cfg: DataConfig) -> _Source:
             own = {k: getattr(cfg, k) for k in TASK_OWN_KEYS if k != "flipflop_ignore"}
             settings.update({k: v for k, v in own.items() if v != DATA_DEFAULTS[k].default})
             return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
+        if name == REPEATS:
+            settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
+            return _Source("repeats", {"builtin": name, **settings, "seed": cfg.seed})
         # The help topics change with the Python release that ships them.
         return _Source("builtin", {"builtin": name, "python": platform.python_version()})
     if not _looks_local(source):
@@ -276,6 +280,9 @@ def _load_documents(
         text = [p + a for p, a in pairs]
         docs = datasets.Dataset.from_dict({"text": text, "prompt": prompts, "answer": answers})
         return docs, None, sum(map(len, text))
+    if source.kind == "repeats":
+        text = repeats(cfg.task_ranges()[0], cfg.task_examples, cfg.seed)[: cfg.max_documents]
+        return datasets.Dataset.from_dict({"text": text}), None, sum(map(len, text))
     if source.kind == "builtin":
         from pydoc_data.topics import topics
 

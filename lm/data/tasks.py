@@ -15,6 +15,9 @@
   and 'Where' With Polar Coordinate Positional Embeddings", arXiv 2509.10534 (:func:`_indexing`).
 - ``builtin:parity``: parity check, Delétang et al. 2023, "Neural Networks and the Chomsky
   Hierarchy", and Ruoss et al. 2023 (:func:`_parity`).
+- ``builtin:repeats`` is not a task but generated text (:func:`repeats`): random sequences each
+  written twice, Olsson et al. 2022's "repeated random tokens" ("In-context Learning and
+  Induction Heads", arXiv 2209.11895), on which induction heads form within a small budget.
 - ``builtin:passkey``: passkey retrieval, Mohtashami & Jaggi 2023, "Landmark Attention:
   Random-Access Infinite Context Length for Transformers", arXiv 2305.16300, and Chen et al.
   2023, "Extending Context Window of Large Language Models via Positional Interpolation", arXiv
@@ -54,7 +57,7 @@ import numpy as np
 
 from lm.config.names import HINTS, TASKS
 from lm.config.sections import DataConfig
-from lm.config.tasks import PASSKEY_SHORTEST
+from lm.config.tasks import PASSKEY_SHORTEST, REPEAT_SYMBOLS
 
 SYMBOLS = "abcdefghij"
 DIGITS = "0123456789"
@@ -386,6 +389,31 @@ def _number(digits: int, rng: np.random.Generator) -> int:
     first = rng.integers(0 if digits == 1 else 1, 10)
     rest = rng.integers(0, 10, size=digits - 1)
     return int("".join(DIGITS[d] for d in (first, *rest)))
+
+
+REPEATS_STREAM = 0x72657073
+"""``builtin:repeats``' generator is seeded by ``[data.seed, this]``, a key no task's
+``[data.seed, index]`` reaches (a task appended to the list keeps the repeats as they were)."""
+
+
+def repeats(lengths: range, count: int, seed: int) -> list[str]:
+    """``builtin:repeats``' ``count`` documents: each ``n`` distinct letters (``n`` drawn
+    uniformly from ``lengths``) from a-z and A-Z, in random order, written twice: ``qXbqXb``.
+
+    The data of Olsson et al. 2022's repeated random tokens, scaled to a character model: the
+    first copy cannot be predicted (a loss of ln 52 a letter at best), and every letter of the
+    second copy after its first can be, by an induction head (``[A][B] ... [A] -> [B]``), and by
+    nothing else. Letters are distinct within a sequence, as in ``lm heads``'s probe, so the
+    earlier copy of a letter is unique. Drawn from ``data.seed`` alone."""
+    symbols = np.array(list(LETTERS + LETTERS.upper()))
+    assert len(symbols) == REPEAT_SYMBOLS
+    rng = np.random.default_rng([seed, REPEATS_STREAM])
+    documents = []
+    for _ in range(count):
+        n = int(rng.choice(lengths))
+        sequence = "".join(symbols[rng.choice(len(symbols), size=n, replace=False)])
+        documents.append(sequence + sequence)
+    return documents
 
 
 def training_examples(
