@@ -30,7 +30,7 @@ from lm.benchmark.card import REFERENCES, battery_settings, read_references
 from lm.benchmark.run import plan, run_battery, summary
 from lm.config.errors import LMError
 from lm.config.names import POSITIONS
-from lm.runtime.choices import BUSY_SLACK, OtherWork
+from lm.runtime.choices import OtherWork
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORD = REFERENCES.with_name("RUN.md")
@@ -60,15 +60,6 @@ def commit() -> str:
     ours = (":!lm/benchmark/references.json", ":!lm/benchmark/RUN.md")  # what the script writes
     dirty = git("status", "--porcelain", "--", "lm", "configs", *ours)
     return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if dirty else "")
-
-
-def other_work(watch: OtherWork) -> str:
-    seen = watch.cpus()
-    if seen is None:
-        return "not watched (no /proc/stat)"
-    others, cpus = seen
-    where = "alone" if others <= BUSY_SLACK else "beside other work"
-    return f"{where} (other work {others:.2f} of {cpus} CPUs)"
 
 
 def record(battery: str, scheme: str, seconds: float, at: str, beside: str) -> None:
@@ -124,7 +115,7 @@ def main() -> int:
         kept.write_text(json.dumps(references, indent=1) + "\n", encoding="utf-8")
         os.replace(kept, REFERENCES)
         seconds = time.perf_counter() - start
-        record(battery, scheme, seconds, at, other_work(watch))
+        record(battery, scheme, seconds, at, watch.said())
         print(f"bench_references: {battery} {scheme}: {seconds / 60:.1f} min", flush=True)
     return 0
 

@@ -483,16 +483,6 @@ beside other work: as for lm's own measurements, a quiet machine's housekeeping 
 under it and a second program does not. The load average would count the ledger's own runs."""
 
 
-def other_work(watch: OtherWork) -> str:
-    """What else the machine ran while ``watch`` watched, as RUN.md's row says it."""
-    seen = watch.cpus()
-    if seen is None:
-        return "not watched (no /proc/stat)"
-    others, cpus = seen
-    where = "alone" if others <= BUSY else "beside other work"
-    return f"{where} (other work {others:.2f} of {cpus} CPUs)"
-
-
 def run(experiment: Experiment) -> tuple[float, str, str]:
     """Runs its commands and keeps its report; returns the wall seconds, the commit they ran
     at and what other work ran beside them (:func:`other_work`). Stops the script if a command
@@ -503,7 +493,7 @@ def run(experiment: Experiment) -> tuple[float, str, str]:
         done = subprocess.run(argv(command), cwd=ROOT)
         if done.returncode:
             sys.exit(f"ledger: {experiment.name}: `{command}` failed (exit {done.returncode})")
-    seconds, beside = time.perf_counter() - start, other_work(watch)
+    seconds, beside = time.perf_counter() - start, watch.said()
     if experiment.report != "-":
         folder = DOCS / experiment.folder
         folder.mkdir(parents=True, exist_ok=True)

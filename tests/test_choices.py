@@ -349,3 +349,14 @@ def test_jobs_auto_measures_anew_beside_a_damaged_entry_of_its_shape(timings, pr
     path.write_text(json.dumps(entries))
     made = sbs.auto_jobs(cfg, CPU, 2, 4, 1000)
     assert (made.how, made.ms["every"], len(calls)) == ("measured", 20.0, 2)
+
+
+def test_other_work_is_said_alone_or_beside_as_a_record_row_says_it(monkeypatch):
+    watch = choices.OtherWork()
+    for seen, said in [
+        ((0.1, 2), "alone (other work 0.10 of 2 CPUs)"),
+        ((1.5, 2), "beside other work (other work 1.50 of 2 CPUs)"),
+        (None, "not watched (no /proc/stat)"),
+    ]:
+        monkeypatch.setattr(watch, "cpus", lambda seen=seen: seen)
+        assert watch.said() == said

@@ -274,6 +274,16 @@ class OtherWork:
         others = (now[0] - self.machine[0]) - (own_cpu_seconds() - self.own)
         return max(others, 0.0) / wall, now[1]
 
+    def said(self) -> str:
+        """What else the machine ran while this watched, as a record's row says it: ``alone``
+        (at most ``BUSY_SLACK`` CPUs of other work on average) or ``beside other work``."""
+        seen = self.cpus()
+        if seen is None:
+            return "not watched (no /proc/stat)"
+        others, cpus = seen
+        where = "alone" if others <= BUSY_SLACK else "beside other work"
+        return f"{where} (other work {others:.2f} of {cpus} CPUs)"
+
     def disturbed(self, cpus_used: int | None) -> str:
         """Why a measurement made since the start is not to be kept, or '' where it may be:
         other work took more than the CPUs it left free, plus ``BUSY_SLACK``."""
