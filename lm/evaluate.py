@@ -365,7 +365,7 @@ def passkey_accuracy(
     accuracy None and a ``note`` (:func:`_out_of_reach`)."""
     cfg = run.config
     count, trained = cfg.data.task_eval_examples, cfg.model.context_length
-    n = cfg.data.passkey_depths
+    n, lengths = cfg.data.passkey_depths, cfg.data.task_ranges()[0]
     rows = []
     for length in passkey_lengths(cfg.data, trained):
         note = _out_of_reach(cfg.model, length)
@@ -384,7 +384,7 @@ def passkey_accuracy(
                 accuracy=sum(c["accuracy"] for c in cells) / n,
                 correct=sum(c["correct"] for c in cells),
             )
-        rows.append({**row, "trained": length == trained, "depths": cells})
+        rows.append({**row, "trained": length in lengths, "depths": cells})
         if note:
             rows[-1]["note"] = note
     return rows

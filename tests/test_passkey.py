@@ -8,7 +8,7 @@ import types
 
 import numpy as np
 import pytest
-from _support import assert_one_line, expect_error, write_config
+from _support import assert_one_line, assert_same_weights, expect_error, losses, write_config
 
 from lm.cli import main
 from lm.compare.passkey import passkey_section
@@ -111,7 +111,57 @@ def test_passkey_trains_at_the_context_and_the_run_records_that_length(tmp_path)
     assert load_config(tmp_path / "config.yaml") == config
     with pytest.raises(ConfigError) as e:
         load_config(tmp_path / "config.yaml", ["model.context_length=128"])
-    assert_one_line(e, "data.task_lengths: 96; builtin:passkey trains at the context")
+    assert_one_line(e, "data.task_lengths: 96; builtin:passkey trains up to the context")
+
+
+def test_passkey_trains_on_a_range_of_lengths_each_drawn_from_the_seed(tmp_path):
+    # PI fine-tunes on text holding every distance up to its new window, not one length.
+    ranged = ["data.source=builtin:passkey", "model.context_length=128", "data.task_lengths=64-128"]
+    config = load_config(None, ranged)
+    lengths = config.data.task_ranges()[0]
+    assert lengths == range(64, 129)
+    drawn = training_examples("passkey", lengths, 3000, seed=5)
+    sizes = [len(p) + len(a) for p, a in drawn]
+    assert set(sizes) == set(lengths)  # every length of the range, none outside it
+    assert abs(np.mean(sizes) - 96) < 2  # uniformly: its mean is the middle
+    assert drawn == training_examples("passkey", lengths, 3000, seed=5)
+    assert drawn != training_examples("passkey", lengths, 3000, seed=6)
+    save_config(config, tmp_path / "config.yaml")  # the run's record keeps the range
+    assert load_config(tmp_path / "config.yaml").data.task_lengths == "64-128"
+    with pytest.raises(ConfigError) as e:  # a longer context later is not trained short
+        load_config(tmp_path / "config.yaml", ["model.context_length=256"])
+    assert_one_line(e, "data.task_lengths: '64-128'; builtin:passkey trains up to the context")
+
+
+def test_a_passkey_run_on_a_range_resumes_exactly_and_its_grid_marks_every_trained_length(
+    tmp_path, capsys
+):
+    data = {**TINY_PASSKEY, "task_lengths": "64-96", "passkey_lengths": "64,80,96,128"}
+    data["cache_dir"] = str(tmp_path / "cache")
+    model = {"context_length": 96}
+    train = {"max_steps": 6, "eval_every": 3, "checkpoint_every": 3, "log_every": 1}
+    whole = write_config(tmp_path / "whole.yaml", model=model, data=data, train=train)
+    cut = write_config(
+        tmp_path / "cut.yaml", model=model, data=data, train={**train, "max_steps": 3}
+    )
+    assert main(["train", str(whole), "--out", str(tmp_path / "whole"), "--quiet"]) == 0
+    assert main(["train", str(cut), "--out", str(tmp_path / "cut"), "--quiet"]) == 0
+    argv = ["train", str(whole), "--out", str(tmp_path / "cut"), "--resume", "--quiet"]
+    assert main(argv) == 0
+    assert (
+        losses(tmp_path / "cut") == losses(tmp_path / "whole")
+        and len(losses(tmp_path / "cut")) == 6
+    )
+    assert losses(tmp_path / "cut", "val_loss") == losses(tmp_path / "whole", "val_loss")
+    assert_same_weights(tmp_path / "cut", tmp_path / "whole")
+    assert main(["eval", str(tmp_path / "whole")]) == 0
+    grid = json.loads((tmp_path / "whole" / "eval.json").read_text())["accuracy"]
+    assert [(r["length"], r["trained"]) for r in grid] == [
+        (64, True),
+        (80, True),
+        (96, True),
+        (128, False),
+    ]
 
 
 FITS = ["data.source=builtin:passkey", "model.context_length=64"]
@@ -125,7 +175,13 @@ FITS = ["data.source=builtin:passkey", "model.context_length=64"]
             "model.context_length: 40 with builtin:passkey, which trains at the context; the key "
             "sentence, the question and the answer take 50 characters: at least 50",
         ),
-        ([*FITS, "data.task_lengths=60-64"], "builtin:passkey trains at one length, the context"),
+        ([*FITS, "data.task_lengths=40-64"], "trains builtin:passkey at 40 characters"),
+        (
+            [*FITS, "data.task_lengths=50-128"],
+            "'50-128'; builtin:passkey trains up to the context, model.context_length=64",
+        ),
+        ([*FITS, "data.task_lengths=56"], "data.task_lengths: 56; builtin:passkey trains up to"),
+        ([*FITS, "data.task_lengths=64-5x"], "'64-5x' is not a range of lengths"),
         ([*FITS, "data.task_eval_lengths=1-80"], "builtin:passkey is measured at data.passkey_l"),
         ([*FITS, "data.passkey_depths=1"], "data.passkey_depths: 1; at least 2"),
         ([*FITS, "data.passkey_lengths=0.5x,2x"], "asks at 32 characters"),

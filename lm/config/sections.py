@@ -270,7 +270,8 @@ class DataConfig:
     """Seed of the random validation split and of a builtin task's examples."""
     task_lengths: int | str = "1-20"
     """builtin tasks: lengths of the training examples, LOW-HIGH, each drawn uniformly (symbols
-    of the input, or digits of each operand); builtin:repeats: letters of each sequence, 1-52."""
+    of the input, or digits of each operand); builtin:repeats: letters of each sequence, 1-52;
+    builtin:passkey: characters of each example, up to the context (unset: the context)."""
     task_eval_lengths: int | str = "1-40"
     """builtin tasks: the lengths exact-match accuracy is measured at (lm eval, lm compare)."""
     task_examples: int = 20000
@@ -293,7 +294,7 @@ class DataConfig:
     """builtin:addition: numbers and sums written least significant digit first (Zhou et al.)."""
     passkey_lengths: str = "1x,1.5x,2x,3x,4x,6x,8x"
     """builtin:passkey: the total lengths its accuracy is measured at, multiples of the trained
-    context (2x) or characters (512); it trains at the context (data.task_lengths left unset)."""
+    context (2x) or characters (512); it trains up to the context (data.task_lengths)."""
     passkey_depths: int = 5
     """builtin:passkey: depths of the key measured at, evenly spaced from the filler's start (0%)
     to its end (100%); 5: 0, 25, 50, 75 and 100%."""
@@ -512,7 +513,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        # The passkey task trains at the context: its data section learns it here.
+        # The passkey task trains up to the context: its data section learns it here.
         object.__setattr__(self, "data", at_context(self.data, self.model.context_length))
         check_task_fits(self.data, self.model.context_length)
 

@@ -2,7 +2,7 @@
 own keys set for it only, each within range, lengths it can be written at, and examples that
 fit the context. ``data`` is a ``DataConfig`` (not imported: sections.py imports this).
 
-The passkey task trains at the context (:func:`at_context`) and is measured at lengths beyond
+The passkey task trains up to the context (:func:`at_context`) and is measured at lengths past
 it (:func:`passkey_lengths`), as Position Interpolation (Chen et al. 2023, arXiv 2306.15595,
 section 3.2) measures its models."""
 
@@ -118,10 +118,11 @@ def _check_passkey(data: Any, fields: dict[str, Any]) -> None:
             "(multiples of the context such as 2x, or characters)"
         )
     trained = parse_task_lengths(data.task_lengths, "data.task_lengths")
-    if data.task_lengths != fields["task_lengths"].default and len(trained) > 1:
+    if data.task_lengths != fields["task_lengths"].default and trained[0] < PASSKEY_SHORTEST:
         raise ConfigError(
-            f"data.task_lengths: {data.task_lengths!r}; builtin:passkey trains at one length, "
-            "the context (leave it unset)"
+            f"data.task_lengths: {data.task_lengths!r} trains builtin:passkey at {trained[0]} "
+            f"characters, and the key sentence, the question and the answer take "
+            f"{PASSKEY_SHORTEST}: at least {PASSKEY_SHORTEST}"
         )
     if isinstance(data.passkey_depths, bool) or not isinstance(data.passkey_depths, int):
         raise ConfigError(f"data.passkey_depths: {shown(data.passkey_depths)} is not an integer")
@@ -137,7 +138,7 @@ def _check_passkey(data: Any, fields: dict[str, Any]) -> None:
 
 def at_context(data: Any, context_length: int) -> Any:
     """``data`` with the passkey task's training length, left unset, made the context: its
-    examples fill the context, as the papers' fine-tuning documents do. Other data as it is."""
+    examples fill the context. Other data as it is."""
     if task_of(data.source) != "passkey":
         return data
     if context_length < PASSKEY_SHORTEST:
@@ -209,13 +210,17 @@ def check_task_fits(data: Any, context_length: int) -> None:
 
 
 def _passkey_fits(data: Any, context_length: int) -> None:
-    """The passkey task trains at the context, and every evaluation length holds the key
-    sentence and the question (a longer one than the context is the point: no fit asked)."""
+    """The passkey task trains up to the context: its longest training length is the context
+    (a run's config.yaml keeps the lengths, so a context changed later is not trained short),
+    its shortest may be less (``64-128``: every distance up to the context, as the documents
+    PI fine-tunes on hold). Every evaluation length holds the key sentence and the question (a
+    longer one than the context is the point: no fit asked)."""
     trained = parse_task_lengths(data.task_lengths, "data.task_lengths")
-    if list(trained) != [context_length]:
+    if trained[-1] != context_length:
         raise ConfigError(
-            f"data.task_lengths: {data.task_lengths!r}; builtin:passkey trains at the context, "
-            f"model.context_length={context_length} (leave it unset)"
+            f"data.task_lengths: {data.task_lengths!r}; builtin:passkey trains up to the "
+            f"context, model.context_length={context_length}: {context_length} or "
+            f"LOW-{context_length} (or leave it unset)"
         )
     shortest = passkey_lengths(data, context_length)[0]
     if shortest < PASSKEY_SHORTEST:
