@@ -420,6 +420,17 @@ EXPERIMENTS = (
             "--jobs auto --out runs/passkey-extend",
         ),
     ),
+    Experiment(
+        "passkey-schemes",
+        "tasks/passkey-schemes",
+        "49-51",
+        (
+            "lm compare configs/passkey_base.yaml --vary model.position=alibi,fire,none "
+            f"--seeds 1,2,3 {PASSKEY_REPORT} --jobs auto --out runs/passkey-others",
+            f"lm compare runs/passkey-rope runs/passkey-others {PASSKEY_REPORT} "
+            "--out runs/passkey-schemes",
+        ),
+    ),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
 
