@@ -425,7 +425,7 @@ EXPERIMENTS = (
     Experiment(
         "passkey-schemes",
         "tasks/passkey-schemes",
-        "49-51",
+        "49-52",
         (
             "lm compare configs/passkey_base.yaml --vary model.position=alibi,fire,none "
             f"--seeds 1,2,3 {PASSKEY_REPORT} --jobs auto --out runs/passkey-others",
