@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lm.config.errors import LMError
+from lm.config.names import POSITIONS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 """The repository's configs, the battery's bases."""
@@ -31,6 +32,21 @@ PINNED = (
     "train.checkpoint_every=0",
 )
 SEEDS = {"full": (1, 2, 3), "quick": (1,)}
+BUILTINS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{name: (name, ()) for name in POSITIONS},
+    "p-rope": ("rope", ("model.rope_p=0.25",)),
+}
+"""The builtin schemes the references hold, by the name the card gives each: its
+``model.position`` and settings. Every ``model.position`` value as itself, and p-RoPE (Barbero et
+al. 2025: a quarter of each head's pairs rotate, the rest carry no position) as the ledger runs
+it."""
+
+
+def builtin_of(position: str, settings: list[str] | tuple[str, ...]) -> str | None:
+    """The builtin a ``--position`` and ``--set`` bench (``rope`` with ``model.rope_p=0.25``:
+    ``p-rope``), or None."""
+    wanted = (position, tuple(sorted(settings)))
+    return next((n for n, (p, s) in BUILTINS.items() if (p, tuple(sorted(s))) == wanted), None)
 
 
 @dataclass(frozen=True)
