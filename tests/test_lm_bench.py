@@ -20,7 +20,7 @@ import lm
 from lm.benchmark import battery
 from lm.benchmark.card import make_card, markdown, read_references, verdict
 from lm.benchmark.page import card_html
-from lm.benchmark.run import plan, run_battery, summary
+from lm.benchmark.run import default_out, plan, run_battery, summary
 from lm.cli import main
 from lm.config.errors import LMError
 from lm.runs.checkpoint import latest_checkpoint, read_state
@@ -216,6 +216,8 @@ def test_p_rope_is_a_builtin_row_and_benched_is_ranked_among_the_others(tiny):
     assert len(battery.BUILTINS) == 18 and battery.builtin_of("rope", []) == "rope"
     assert battery.builtin_of("rope", ["model.rope_p=0.25"]) == "p-rope"
     assert battery.builtin_of("rope", ["model.rope_p=0.5"]) is None
+    assert default_out("rope", "quick", ["model.rope_p=0.25"]) == Path("runs/bench/p-rope-quick")
+    assert default_out("mine.py:Mine", "full", []) == Path("runs/bench/Mine")
     references = _reference(
         {
             "rope": {loss: (2.0, 2.2, 2.1)},
