@@ -5,7 +5,7 @@ saying where, when, at which commit and in what wall time it ran.
 
     python scripts/bench_references.py --quick          # every builtin, the quick battery
     python scripts/bench_references.py                  # every builtin, the full battery
-    python scripts/bench_references.py rope alibi       # the named ones
+    python scripts/bench_references.py rope p-rope      # the named ones
 
 Resumable per scheme: a scheme whose reference for this battery is there (made with the same
 battery settings) is skipped, its runs under ``runs/bench-references/`` are reused by the next
@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from lm.benchmark.battery import SEEDS
+from lm.benchmark.battery import BUILTINS, SEEDS
 from lm.benchmark.card import REFERENCES, battery_settings, read_references
 from lm.benchmark.run import plan, run_battery, summary
 from lm.config.errors import LMError
-from lm.config.names import POSITIONS
 from lm.runtime.choices import OtherWork
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +73,7 @@ def record(battery: str, scheme: str, seconds: float, at: str, beside: str) -> N
     kept = [line for line in lines if not line.startswith(key)]
     rows = [line for line in kept if line.startswith("| ") and not line.startswith("| battery")]
     head = [line for line in kept if line not in rows]
-    order = {s: i for i, s in enumerate(POSITIONS)}
+    order = {s: i for i, s in enumerate(BUILTINS)}
     rows = sorted([*rows, row], key=lambda r: (r.split("|")[1], order.get(r.split("|")[2].strip())))
     RECORD.write_text("\n".join(head + rows) + "\n", encoding="utf-8")
 
@@ -92,21 +91,24 @@ def _made(battery: str, references: dict | None = None) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("schemes", nargs="*", help="builtin schemes (default: every one)")
+    parser.add_argument(
+        "schemes", nargs="*", help="builtin schemes, p-rope among them (default: every one)"
+    )
     parser.add_argument("--quick", action="store_true", help="the quick battery (1 seed)")
     parser.add_argument("--again", action="store_true", help="remake references already there")
     args = parser.parse_args()
     battery = "quick" if args.quick else "full"
-    unknown = [s for s in args.schemes if s not in POSITIONS]
+    unknown = [s for s in args.schemes if s not in BUILTINS]
     if unknown:
         print(f"bench_references: not builtin schemes: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    for scheme in args.schemes or list(POSITIONS):
+    for scheme in args.schemes or list(BUILTINS):
         if scheme in _made(battery)["schemes"] and not args.again:
             print(f"bench_references: {battery} {scheme}: there; --again remakes it", flush=True)
             continue
         at, start, watch = commit(), time.perf_counter(), OtherWork()
-        planned = plan(scheme, [], battery, OUT / battery / scheme)
+        position, settings = BUILTINS[scheme]
+        planned = plan(position, list(settings), battery, OUT / battery / scheme)
         made = {**summary(run_battery(planned, battery, jobs=1)), "machine": machine()}
         # Read again just before writing: another run of the script may have added its own.
         references = read_references()

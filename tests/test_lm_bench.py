@@ -5,20 +5,25 @@ headless Chromium; and two builtins rerun to their stored quick references."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import platform
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from _support import expect_error
+from _support import Pauses, expect_error
 
 import lm
 from lm.benchmark import battery
 from lm.benchmark.card import make_card, markdown, read_references, verdict
 from lm.benchmark.page import card_html
-from lm.benchmark.run import plan, run_battery, summary
+from lm.benchmark.run import default_out, plan, run_battery, summary
 from lm.cli import main
 from lm.config.errors import LMError
+from lm.runs.checkpoint import latest_checkpoint, read_state
 
 ROOT = Path(__file__).resolve().parents[1]
 BY_NAME = {b.name: b for b in battery.BATTERY}
@@ -71,6 +76,62 @@ def test_the_cli_writes_the_card_and_a_rerun_reuses_every_run(tiny, tmp_path, ca
     again = capsys.readouterr()
     assert again.err.count("reusing it") == 2 and "compare: training" not in again.err
     assert json.loads((out / "card.json").read_text()) == card
+
+
+def test_ctrl_c_mid_battery_says_so_in_one_line_and_the_same_command_resumes(tmp_path):
+    """The whole quick battery at a tiny budget (--set), in its own process: Ctrl-C while the
+    second benchmark trains, then the same command again."""
+    out = tmp_path / "card"
+    tiny = ["train.max_steps=8", "train.batch_size=4", "train.log_every=1"]
+    tiny += ["model.n_layer=1", "model.d_model=32", "model.n_head=2"]
+    command = [sys.executable, "-m", "lm", "bench", "--position", "rope", "--quick"]
+    command += ["--out", str(out), "--set", *tiny]
+    # Its runs train one after another in this one process: the first run (the length curve)
+    # passes step 3, the second (flip-flop) stops there and says so; Ctrl-C comes then.
+    pauses = Pauses(
+        tmp_path, [{"where": "step", "at": 3, "passes": 1, "tell": "{fifo}", "then": "signal"}]
+    )
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=pauses.env())
+    told = pauses.wait(1, ended=process)
+    assert told is not None, process.stderr.read()
+    pauses.close()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130, err
+    stopped, finished = out / "flip-flop" / "seed1", out / "length-curve" / "seed1"
+    step = read_state(latest_checkpoint(stopped))["step"]
+    assert 3 < step < 8  # stopped mid-run, with a checkpoint
+    assert err.strip().splitlines()[-1] == (
+        f"lm: interrupted; {stopped} saved a checkpoint at step {step}; the same command again "
+        "resumes"
+    ), err
+    assert "Traceback" not in err and not (out / "counting").exists(), err
+    assert read_state(latest_checkpoint(finished))["step"] == 8
+    kept = _files(finished)
+    again = subprocess.run(command, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    # Nothing finished is trained again; the interrupted run goes on from its checkpoint to the
+    # end, one curve; the card holds every benchmark.
+    assert f"compare: {finished} is finished (step 8); reusing it" in again.stderr
+    assert f"compare: resuming {stopped} from step {step}" in again.stderr
+    assert _files(finished) == kept
+    assert read_state(latest_checkpoint(stopped))["step"] == 8
+    lines = (stopped / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if '"train_loss"' in line]
+    assert steps == sorted(set(steps)) and steps[-1] == 8
+    card = json.loads((out / "card.json").read_text())
+    assert [r["benchmark"] for r in card["scores"]] == [b.name for b in battery.benchmarks("quick")]
+    assert all(r["values"][0] is not None for r in card["scores"])
+    assert "| parity |" in again.stdout
+
+
+def _files(run: Path) -> dict[str, str]:
+    """The sha256 of each file of a run's checkpoints: its weights and state."""
+    return {
+        str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(run.glob("checkpoints/*/*"))
+        if p.is_file()
+    }
 
 
 def _stat(*values):
@@ -133,7 +194,7 @@ def test_ranks_bests_and_verdicts_follow_from_the_references(tiny):
     assert rows[acc]["rank"] == 2
     assert rows["passkey: k_max"]["against_best"]["said"] == "level"
     assert rows["passkey: k_max"]["rank"] == 1  # level with the best shares its rank
-    assert "hold 3 of 17 builtins" in card["references"]["notes"][0]
+    assert "hold 3 of 18 builtins" in card["references"]["notes"][0]
     assert "| passkey | k_max (higher is better) | 512 ± 0 | 1 of 4 | alibi 512 ± 0 |" in (
         markdown(card)
     )
@@ -147,6 +208,33 @@ def test_ranks_bests_and_verdicts_follow_from_the_references(tiny):
         "rope", "quick", [], {**mine, "scores": {loss: _stat(2.1, 2.1, 2.1)}}, references
     )
     assert (card["scores"][0]["rank"], card["scores"][0]["of"]) == (2, 3)
+
+
+def test_p_rope_is_a_builtin_row_and_benched_is_ranked_among_the_others(tiny):
+    loss = "length curve: loss 2x-8x"
+    assert battery.BUILTINS["p-rope"] == ("rope", ("model.rope_p=0.25",))
+    assert len(battery.BUILTINS) == 18 and battery.builtin_of("rope", []) == "rope"
+    assert battery.builtin_of("rope", ["model.rope_p=0.25"]) == "p-rope"
+    assert battery.builtin_of("rope", ["model.rope_p=0.5"]) is None
+    assert default_out("rope", "quick", ["model.rope_p=0.25"]) == Path("runs/bench/p-rope-quick")
+    assert default_out("mine.py:Mine", "full", []) == Path("runs/bench/Mine")
+    references = _reference(
+        {
+            "rope": {loss: (2.0, 2.2, 2.1)},
+            "p-rope": {loss: (1.8, 1.8, 1.8)},
+            "alibi": {loss: (1.9,) * 3},
+        }
+    )
+    mine = {"scores": {loss: _stat(1.85, 1.85, 1.85)}, "curve": {}}
+    card = make_card("rope", "quick", ["model.rope_p=0.25"], mine, references)
+    row = card["scores"][0]
+    assert (row["rank"], row["of"]) == (1, 3)  # among RoPE and ALiBi, not against its own row
+    assert card["references"]["schemes"] == ["rope", "alibi", "p-rope"]
+    assert not any("--set" in note for note in card["references"]["notes"])
+    # Any other --set is not a builtin's: ranked among all of them, and said.
+    card = make_card("rope", "quick", ["model.rope_p=0.5"], mine, references)
+    assert (card["scores"][0]["rank"], card["scores"][0]["of"]) == (2, 4)  # behind p-rope
+    assert "--set model.rope_p=0.5" in markdown(card)
 
 
 def test_a_missing_or_stale_reference_is_said_and_gives_no_verdict(tiny):

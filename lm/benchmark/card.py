@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lm.benchmark import battery as batteries
-from lm.benchmark.battery import Score
+from lm.benchmark.battery import BUILTINS, Score, builtin_of
 from lm.config.errors import LMError
-from lm.config.names import POSITIONS
 
 VERSION = 1
 REFERENCES = Path(__file__).with_name("references.json")
@@ -62,11 +61,11 @@ def usable(references: dict[str, Any], battery: str) -> tuple[dict[str, Any], st
             "them): none used, no ranks, no verdicts"
         )
     schemes = made["schemes"]
-    missing = [s for s in POSITIONS if s not in schemes]
+    missing = [s for s in BUILTINS if s not in schemes]
     if not missing:
         return schemes, ""
     return schemes, (
-        f"the {battery} references hold {len(schemes)} of {len(POSITIONS)} builtins (not "
+        f"the {battery} references hold {len(schemes)} of {len(BUILTINS)} builtins (not "
         f"{', '.join(missing)}): ranks are among those"
     )
 
@@ -99,16 +98,16 @@ def verdict(mine: dict[str, Any], theirs: dict[str, Any], score: Score) -> dict[
 
 
 def score_row(
-    spec: str, key: str, score: Score, mine: dict[str, Any], refs: dict[str, Any]
+    me: str | None, key: str, score: Score, mine: dict[str, Any], refs: dict[str, Any]
 ) -> dict[str, Any]:
-    """One score's line of the card."""
+    """One score's line of the card; ``me``: the scheme's name among the builtins, if one."""
     theirs = {
         n: r["scores"][key]
         for n, r in refs.items()
         if r["scores"].get(key, {}).get("mean") is not None
     }
     sign = 1 if score.higher_is_better else -1
-    others = {n: s for n, s in theirs.items() if n != spec}
+    others = {n: s for n, s in theirs.items() if n != me}
     rank = None
     if mine["mean"] is not None and others:
         ahead = [
@@ -144,13 +143,16 @@ def make_card(
     references of ``battery``."""
     refs, note = usable(references, battery)
     notes = [note] if note else []
-    if overrides:
+    # A builtin benched (its position and settings) is ranked among the others; anything else,
+    # a builtin with other settings too, among every builtin.
+    me = builtin_of(spec, overrides)
+    if overrides and me is None:
         notes.append(
             f"--set {' '.join(overrides)} changes the battery; the references are the battery's "
             "as shipped, so ranks and verdicts compare runs that differ by these settings"
         )
     rows = [
-        score_row(spec, key, score, mine["scores"][key], refs)
+        score_row(me, key, score, mine["scores"][key], refs)
         for key, score in batteries.scores().items()
         if key in mine["scores"]
     ]
@@ -163,7 +165,7 @@ def make_card(
         "seeds": list(batteries.SEEDS[battery]),
         "settings": list(overrides),
         "references": {
-            "schemes": sorted(refs, key=POSITIONS.index),
+            "schemes": [n for n in BUILTINS if n in refs],
             "machine": sorted({r.get("machine", "unknown") for r in refs.values()}),
             "notes": notes,
         },

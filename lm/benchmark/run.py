@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lm.benchmark import battery as batteries
-from lm.benchmark.battery import SEEDS, Benchmark
+from lm.benchmark.battery import SEEDS, Benchmark, builtin_of
 from lm.benchmark.card import MARK, make_card, markdown, read_references
 from lm.benchmark.page import MARK as PAGE_MARK
 from lm.benchmark.page import card_html
@@ -61,9 +61,10 @@ def scheme_name(spec: str) -> str:
     return spec.rpartition(":")[2] if ":" in spec else spec
 
 
-def default_out(spec: str, battery: str) -> Path:
+def default_out(spec: str, battery: str, overrides: list[str]) -> Path:
+    """``runs/bench/NAME``: a builtin's name (p-rope's with its settings) or the class's."""
     suffix = "-quick" if battery == "quick" else ""
-    return Path("runs/bench") / f"{scheme_name(spec)}{suffix}"
+    return Path("runs/bench") / f"{builtin_of(spec, overrides) or scheme_name(spec)}{suffix}"
 
 
 def plan(
@@ -212,7 +213,7 @@ def bench(
     log = (lambda line: None) if quiet else print_to_stderr
     battery = "quick" if quick else "full"
     overrides = list(overrides or [])
-    out = check_out_dir(out if out is not None else default_out(position, battery))
+    out = check_out_dir(out if out is not None else default_out(position, battery, overrides))
     planned = plan(position, overrides, battery, out, benchmarks)
     _refuse_others(out)
     check_writable(out)

@@ -442,8 +442,7 @@ def _train_here(
     )
     if result.status == "interrupted":
         raise KeyboardInterrupt(
-            f"{run_dir} saved a checkpoint at step {result.step}; the same command again "
-            "resumes the sweep"
+            f"{run_dir} saved a checkpoint at step {result.step}; the same command again resumes"
         )
     if result.status not in ("done", "target"):
         raise LMError(f"{run_dir}: {result.message}")

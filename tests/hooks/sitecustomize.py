@@ -7,7 +7,9 @@ while it trains) waits for that line instead of polling on time.
 A rule: ``where`` ``step`` (optimizer step ``at`` is about to start: its batches are asked for) or
 ``write`` (the first file of a checkpoint is written, the checkpoint is not); ``only`` (optional) a
 text the process's command line must hold when it gets there (a job worker of ``lm compare --jobs``
-sets ``sys.argv`` to each run's ``lm train`` command before training it); then ``tell`` a FIFO to
+sets ``sys.argv`` to each run's ``lm train`` command before training it); ``passes`` (optional) how
+many times the point is reached and passed before it stops there (``lm bench`` trains its runs one
+after another in one process: ``passes: 1`` stops the second run); then ``tell`` a FIFO to
 write one line on (``WHERE AT PID``) and ``then`` ``forever`` (wait to be killed) or ``signal``
 (wait for SIGINT or SIGTERM, then hand it to the process's own handler and go on); or ``wait_for`` a
 FIFO to read one line from before going on."""
@@ -63,8 +65,12 @@ def _tell(rule: dict) -> None:
 
 
 def _applies(rule: dict) -> bool:
-    """Not yet done, and named by this process's command line as it is now."""
-    return not rule.get("done") and rule.get("only", "") in " ".join(sys.argv)
+    """Not yet done, named by this process's command line as it is now, and passed as often as
+    the rule says."""
+    if rule.get("done") or rule.get("only", "") not in " ".join(sys.argv):
+        return False
+    rule["passed"] = rule.get("passed", 0) + 1
+    return rule["passed"] > rule.get("passes", 0)
 
 
 def _install(rules: list[dict]) -> None:
