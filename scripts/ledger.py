@@ -356,7 +356,8 @@ EXPERIMENTS = (
         "heads/olsson",
         "37-39",
         (
-            f"{INDUCTION} --vary model.n_layer=2,1,1+model.smear_keys=true "
+            f"{INDUCTION} --set data.repeats_distinct=false --vary model.n_layer=2,1,"
+            "1+model.smear_keys=true,1+model.smear_keys=true+data.repeats_distinct=true "
             "--out runs/induction-olsson",
             "python scripts/induction.py runs/induction-olsson "
             "--table docs/heads/olsson/formation.md "
