@@ -295,7 +295,7 @@ class DataConfig:
     """builtin:passkey: the total lengths its accuracy is measured at, multiples of the trained
     context (2x) or characters (512); it trains at the context (data.task_lengths left unset)."""
     repeats_distinct: bool = True
-    """builtin:repeats: a sequence's letters all different (as ``lm heads``'s probe's); false:
+    """builtin:repeats: a sequence's letters all different (as in lm heads's probe); false:
     drawn with replacement, as Olsson et al.'s random tokens are, so a letter may recur in it."""
     passkey_depths: int = 5
     """builtin:passkey: depths of the key measured at, evenly spaced from the filler's start (0%)
