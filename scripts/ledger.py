@@ -60,7 +60,13 @@ INDUCTION = (
     "--eval-batches 8 --prompt KdqWzbRmKdqW --max-new-tokens 8"
 )
 INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,none"
-CONTEXTS = ("16+task_lengths=1-8", "32+task_lengths=1-16", "64")
+CONTEXTS = ",".join(f"{T}+data.task_lengths={T // 2}" for T in (16, 32, 64, 96))
+"""Contexts of the formation-against-context runs, each row one sequence of half of it written
+twice (the probe's shape; 96 holds 48 letters, the probe's at most 52)."""
+ONE_SEQUENCE = (
+    "data.mode=padded data.repeats_distinct=false train.max_steps=1000 train.eval_every=10"
+)
+"""One sequence per row, its letters drawn with replacement, evaluated every 10 steps."""
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
 batches."""
@@ -358,7 +364,8 @@ EXPERIMENTS = (
         "heads/olsson",
         "37-39",
         (
-            f"{INDUCTION} --vary model.n_layer=2,1,1+model.smear_keys=true "
+            f"{INDUCTION} --set data.repeats_distinct=false --vary model.n_layer=2,1,"
+            "1+model.smear_keys=true,1+model.smear_keys=true+data.repeats_distinct=true "
             "--out runs/induction-olsson",
             "python scripts/induction.py runs/induction-olsson "
             "--table docs/heads/olsson/formation.md "
@@ -370,14 +377,13 @@ EXPERIMENTS = (
         "heads/context",
         "40",
         (
-            f"{INDUCTION} --vary model.context_length=16+data.task_lengths=1-8,"
-            "32+data.task_lengths=1-16,64,64+data.task_lengths=1-16 --out runs/induction-context",
+            f"{INDUCTION} --set {ONE_SEQUENCE} --vary model.context_length={CONTEXTS} "
+            "--out runs/induction-context",
             "python scripts/induction.py runs/induction-context "
             "--table docs/heads/context/formation.md "
             "--picture docs/heads/context/induction_vs_step.png",
-            "python scripts/induction.py "
-            + " ".join(f"runs/induction-context/context_length={c}" for c in CONTEXTS)
-            + " --fit model.context_length --table docs/heads/context/fit.md",
+            "python scripts/induction.py runs/induction-context --fit model.context_length "
+            "--table docs/heads/context/fit.md",
         ),
     ),
     Experiment(

@@ -179,6 +179,24 @@ def test_builtin_repeats_writes_each_sequence_of_distinct_letters_twice_from_the
     assert sorted(every[:52]) == sorted("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+def test_builtin_repeats_draws_with_replacement_when_not_distinct():
+    # Olsson et al.'s random tokens: a letter may recur within a sequence, so a letter already
+    # read may be the next one of the first copy (docs/heads.md: what distinct letters teach).
+    data = prepare(source="builtin:repeats", task_lengths="20-40", repeats_distinct=False)
+    texts = documents(data.train, data.tokenizer) + documents(data.val, data.tokenizer)
+    assert texts == repeats(range(20, 41), 20000, seed=1337, distinct=False)
+    assert all(t[: len(t) // 2] == t[len(t) // 2 :] for t in texts)
+    recurring = [t for t in texts if len(set(t[: len(t) // 2])) < len(t) // 2]
+    assert len(recurring) > 0.9 * len(texts)  # 20 of 52 letters repeat one with p = 0.98
+    distinct = prepare(source="builtin:repeats", task_lengths="20-40")  # not the same cache
+    assert documents(distinct.train, distinct.tokenizer) != documents(data.train, data.tokenizer)
+    long = DataConfig(source="builtin:repeats", task_lengths="60", repeats_distinct=False)
+    assert len(repeats(long.task_ranges()[0], 1, 1, distinct=False)[0]) == 120  # past 52
+    with pytest.raises(ConfigError) as e:
+        DataConfig(source="builtin:copy", repeats_distinct=False)
+    assert_one_line(e, "data.repeats_distinct", "builtin:repeats only")
+
+
 @pytest.mark.parametrize(
     ("settings", "words"),
     [

@@ -295,6 +295,9 @@ class DataConfig:
     passkey_lengths: str = "1x,1.5x,2x,3x,4x,6x,8x"
     """builtin:passkey: the total lengths its accuracy is measured at, multiples of the trained
     context (2x) or characters (512); it trains up to the context (data.task_lengths)."""
+    repeats_distinct: bool = True
+    """builtin:repeats: a sequence's letters all different (as in lm heads's probe); false:
+    drawn with replacement, as Olsson et al.'s random tokens are, so a letter may recur in it."""
     passkey_depths: int = 5
     """builtin:passkey: depths of the key measured at, evenly spaced from the filler's start (0%)
     to its end (100%); 5: 0, 25, 50, 75 and 100%."""

@@ -23,8 +23,9 @@ TASK_OWN_KEYS = {
     "addition_reversed": "addition",
     "passkey_lengths": "passkey",
     "passkey_depths": "passkey",
+    "repeats_distinct": REPEATS,
 }
-"""Settings of one generated task each: set for another source, they are an error."""
+"""Settings of one generated source each: set for another source, they are an error."""
 
 TASK_KEYS = ("task_lengths", "task_eval_lengths", "task_examples", "task_eval_examples")
 REPEATS_KEYS = ("task_lengths", "task_examples")
@@ -41,11 +42,11 @@ def check_task(data: Any, fields: dict[str, Any]) -> None:
     """``data``'s task keys: set only for a task (``fields``: DataConfig's, with defaults), a
     task's own keys only for it, each within range."""
     task = task_of(data.source)
+    repeats = data.source.strip() == f"builtin:{REPEATS}"
     for key, owner in TASK_OWN_KEYS.items():
-        if task != owner and getattr(data, key) != fields[key].default:
+        if (REPEATS if repeats else task) != owner and getattr(data, key) != fields[key].default:
             raise ConfigError(f"data.{key}: applies to data.source: builtin:{owner} only")
     if task is None:
-        repeats = data.source.strip() == f"builtin:{REPEATS}"
         for key in TASK_KEYS:
             if getattr(data, key) != fields[key].default and not (repeats and key in REPEATS_KEYS):
                 tasks = ", ".join(f"builtin:{t}" for t in TASKS)
@@ -71,10 +72,10 @@ def check_task(data: Any, fields: dict[str, Any]) -> None:
 
 
 def _check_repeats(data: Any) -> None:
-    """``builtin:repeats``: sequences of distinct letters, so at most :data:`REPEAT_SYMBOLS`
-    long, and enough of them to hold some out."""
+    """``builtin:repeats``: sequences of distinct letters at most :data:`REPEAT_SYMBOLS` long,
+    and enough of them to hold some out."""
     lengths = parse_task_lengths(data.task_lengths, "data.task_lengths")
-    if lengths[-1] > REPEAT_SYMBOLS:
+    if data.repeats_distinct and lengths[-1] > REPEAT_SYMBOLS:
         raise ConfigError(
             f"data.task_lengths: builtin:{REPEATS} writes sequences of distinct letters and "
             f"there are {REPEAT_SYMBOLS} (a-z, A-Z); at most {REPEAT_SYMBOLS}, got "

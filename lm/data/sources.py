@@ -212,6 +212,8 @@ def _resolve_source(cfg: DataConfig) -> _Source:
             return _Source("task", {"task": name, **settings, "seed": cfg.seed, "version": 1})
         if name == REPEATS:
             settings = {"lengths": cfg.task_lengths, "examples": cfg.task_examples}
+            if not cfg.repeats_distinct:  # named only when set: earlier runs' cache stays theirs
+                settings["distinct"] = False
             return _Source("repeats", {"builtin": name, **settings, "seed": cfg.seed})
         # The help topics change with the Python release that ships them.
         return _Source("builtin", {"builtin": name, "python": platform.python_version()})
@@ -281,7 +283,8 @@ def _load_documents(
         docs = datasets.Dataset.from_dict({"text": text, "prompt": prompts, "answer": answers})
         return docs, None, sum(map(len, text))
     if source.kind == "repeats":
-        text = repeats(cfg.task_ranges()[0], cfg.task_examples, cfg.seed)[: cfg.max_documents]
+        lengths, examples = cfg.task_ranges()[0], cfg.task_examples
+        text = repeats(lengths, examples, cfg.seed, cfg.repeats_distinct)[: cfg.max_documents]
         return datasets.Dataset.from_dict({"text": text}), None, sum(map(len, text))
     if source.kind == "builtin":
         from pydoc_data.topics import topics

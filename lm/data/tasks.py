@@ -396,22 +396,24 @@ REPEATS_STREAM = 0x72657073
 ``[data.seed, index]`` reaches (a task appended to the list keeps the repeats as they were)."""
 
 
-def repeats(lengths: range, count: int, seed: int) -> list[str]:
-    """``builtin:repeats``' ``count`` documents: each ``n`` distinct letters (``n`` drawn
-    uniformly from ``lengths``) from a-z and A-Z, in random order, written twice: ``qXbqXb``.
+def repeats(lengths: range, count: int, seed: int, distinct: bool = True) -> list[str]:
+    """``builtin:repeats``' ``count`` documents: each ``n`` letters (``n`` drawn uniformly from
+    ``lengths``) from a-z and A-Z, in random order, written twice: ``qXbqXb``.
 
-    The data of Olsson et al. 2022's repeated random tokens, scaled to a character model: the
-    first copy cannot be predicted (a loss of ln 52 a letter at best), and every letter of the
-    second copy after its first can be, by an induction head (``[A][B] ... [A] -> [B]``), and by
-    nothing else. Letters are distinct within a sequence, as in ``lm heads``'s probe, so the
-    earlier copy of a letter is unique. Drawn from ``data.seed`` alone."""
+    The data of Olsson et al. 2022's repeated random tokens, scaled to a character model: every
+    letter of the second copy after its first can be predicted by an induction head (``[A][B]
+    ... [A] -> [B]``). ``distinct`` (``data.repeats_distinct``): no letter twice within a
+    sequence, as in ``lm heads``'s probe, so the earlier copy of a letter is unique; but then a
+    letter already read is never the next in the first copy, which a model learns before
+    anything else (docs/heads.md). Otherwise drawn with replacement, as Olsson's random tokens
+    are: the first copy cannot be predicted (ln 52 a letter). Drawn from ``data.seed`` alone."""
     symbols = np.array(list(LETTERS + LETTERS.upper()))
     assert len(symbols) == REPEAT_SYMBOLS
     rng = np.random.default_rng([seed, REPEATS_STREAM])
     documents = []
     for _ in range(count):
         n = int(rng.choice(lengths))
-        sequence = "".join(symbols[rng.choice(len(symbols), size=n, replace=False)])
+        sequence = "".join(symbols[rng.choice(len(symbols), size=n, replace=not distinct)])
         documents.append(sequence + sequence)
     return documents
 
