@@ -60,6 +60,11 @@ INDUCTION = (
     "--eval-batches 8 --prompt KdqWzbRmKdqW --max-new-tokens 8"
 )
 INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,none"
+INDUCTION_SCHEMES_2 = "t5,fire,fox"
+"""The schemes of the second and third experiments: each fits 15 minutes on one core (T5 about
+53 s a seed of 2000 steps, FIRE and FoX 98, CoPE 146, PoPE 109, RoPE 34: 200 steps of one seed,
+measured alone on one core of the AMD EPYC)."""
+INDUCTION_SCHEMES_3 = "cope,pope"
 CONTEXTS = ("16+task_lengths=1-8", "32+task_lengths=1-16", "64")
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
@@ -399,6 +404,28 @@ EXPERIMENTS = (
             "python scripts/induction.py runs/induction-schemes runs/induction-stick-breaking "
             "--table docs/heads/schemes/formation.md "
             "--picture docs/heads/schemes/induction_vs_step.png",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-2",
+        "heads/schemes-2",
+        "49-52",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_2} "
+            "--out runs/induction-schemes-2",
+            "python scripts/induction.py runs/induction-schemes-2 "
+            "--table docs/heads/schemes-2/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-3",
+        "heads/schemes-3",
+        "49-52",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_3} "
+            "--out runs/induction-schemes-3",
+            "python scripts/induction.py runs/induction-schemes-3 "
+            "--table docs/heads/schemes-3/formation.md",
         ),
     ),
     Experiment(
