@@ -77,6 +77,24 @@ def test_induction_against_step_tells_seventeen_schemes_apart_and_marks_the_thre
     assert any(list(line.get_ydata()) == [0.5, 0.5] for line in ax.lines)  # the threshold
 
 
+def test_induction_against_step_in_panels_keeps_each_scheme_one_colour_and_the_legend_clear():
+    curves = {f"position={n}": [([25, 50], [0.1, 0.9])] for n in ("rope", "t5", "fox", "none")}
+    panels = {
+        "biases": ["position=rope", "position=t5"],
+        "content": ["position=rope", "position=fox"],
+        "nothing": ["position=none"],
+    }
+    fig = plots.induction_vs_step_figure(curves, 0.5, panels)
+    _legend_clear(fig)
+    shown = fig.axes
+    assert [ax.get_title() for ax in shown] == list(panels)  # the fourth cell left empty
+    drawn = [[ln.get_label() for ln in ax.lines if ln.get_label()[0] != "_"] for ax in shown]
+    assert drawn == list(panels.values())  # one seed: the group's name alone
+    rope = [ln.get_color() for ax in shown for ln in ax.lines if ln.get_label() == "position=rope"]
+    assert len(rope) == 2 and rope[0] == rope[1]  # the reference in two panels, one colour
+    assert [len(ax.get_xlabel()) > 0 for ax in shown] == [False, True, True]  # bottom of a column
+
+
 def test_a_single_logged_point_is_drawn_as_a_marker():
     fig = plots.loss_curves_figure({"validation loss": _curves(["a"], points=1)}, "step")
     (line,) = fig.axes[0].lines

@@ -178,29 +178,49 @@ def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figu
     return fig
 
 
-def induction_vs_step(curves: Curves, threshold: float, path: str | Path) -> Path:
+def induction_vs_step(
+    curves: Curves, threshold: float, path: str | Path, panels: Panels | None = None
+) -> Path:
     """The best induction score among a run's heads against step, one line per group (the mean
     over seeds, the min-max range shaded); dotted, the score at which its heads are said to have
-    formed (docs/heads.md)."""
-    return _save(induction_vs_step_figure(curves, threshold), path)
+    formed (docs/heads.md). With ``panels``, a grid of small panels, each drawing the groups it
+    names (a group may be in several, as a reference), each group one colour throughout."""
+    return _save(induction_vs_step_figure(curves, threshold, panels), path)
 
 
-def induction_vs_step_figure(curves: Curves, threshold: float) -> Figure:
-    fig = Figure(figsize=(8, _height(len(curves))), layout="constrained")
-    ax = fig.subplots()
-    for i, ((group, runs), colour) in enumerate(
-        zip(curves.items(), _colours(len(curves)), strict=True)
-    ):
-        _draw_group(ax, runs, colour, group, "-" if i < 10 else "--")  # past tab10, dashed too
-    ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
-    ax.set(
-        xlabel="step",
-        ylabel="best induction score among the heads",
-        title=f"Induction heads forming (dotted: {threshold:g}, formed)",
-        ylim=(-0.02, 1.02),
-    )
-    ax.grid(alpha=0.3)
-    _figure_legend(fig, [ax])
+Panels = dict[str, Sequence[str]]
+"""Panel title to the groups it draws, in order."""
+
+
+def induction_vs_step_figure(
+    curves: Curves, threshold: float, panels: Panels | None = None
+) -> Figure:
+    title = f"Induction heads forming (dotted: {threshold:g}, formed)"
+    panels = panels or {title: list(curves)}
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    size = (8, _height(len(curves))) if cols == 1 else (11, 3.2 * rows + 0.25 * len(curves))
+    fig = Figure(figsize=size, layout="constrained")
+    axes = list(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flat)
+    drawn = axes[: len(panels)]
+    colour = dict(zip(curves, _colours(len(curves)), strict=True))
+    style = {group: "-" if i < 10 else "--" for i, group in enumerate(curves)}  # past tab10
+    for i, (ax, (name, groups)) in enumerate(zip(drawn, panels.items(), strict=True)):
+        for group in groups:
+            _draw_group(ax, curves[group], colour[group], group, style[group])
+        ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
+        ax.set(title=name, ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+        if i + cols >= len(panels):  # the bottom panel of its column
+            ax.set(xlabel="step")
+            ax.xaxis.set_tick_params(labelbottom=True)
+        if i % cols == 0:
+            ax.set(ylabel="best induction score among the heads")
+    for ax in axes[len(panels) :]:  # a last row left half empty
+        ax.remove()
+    if cols > 1:
+        fig.suptitle(title)
+    _figure_legend(fig, drawn)
     return fig
 
 
