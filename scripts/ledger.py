@@ -65,6 +65,21 @@ INDUCTION_SCHEMES_2 = "t5,fire,fox"
 53 s a seed of 2000 steps, FIRE and FoX 98, CoPE 146, PoPE 109, RoPE 34: 200 steps of one seed,
 measured alone on one core of the AMD EPYC)."""
 INDUCTION_SCHEMES_3 = "cope,pope"
+INDUCTION_SCHEMES_4 = "kerple,sandwich,xpos,fope,hope,rope+model.rope_p=0.25"
+"""Measured as the others (200 steps, one core): KERPLE 5.2 s, Sandwich 3.3, xPos 3.1, FoPE 2.9,
+HoPE 3.1, against DAPE's 16.1 and PaTH's 14.7, which make the fifth experiment alone."""
+INDUCTION_SCHEMES_5 = "dape,path"
+INDUCTION_RUNS = " ".join(
+    f"runs/induction-{name}"
+    for name in ("schemes", "stick-breaking", "schemes-2", "schemes-3", "schemes-4", "schemes-5")
+)
+INDUCTION_PANELS = {
+    "no positions, or positions added to the embeddings": "rope,none,learned,sinusoidal",
+    "queries and keys rotated": "rope,xpos,rope+rope_p=0.25,hope,fope,pope",
+    "a bias by distance": "rope,alibi,t5,kerple,sandwich,fire,dape",
+    "position from content": "rope,fox,cope,path,none+normalize=stick_breaking",
+}
+"""The picture of every scheme measured, a panel per family, RoPE drawn in each for reference."""
 CONTEXTS = ("16+task_lengths=1-8", "32+task_lengths=1-16", "64")
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
@@ -427,6 +442,43 @@ EXPERIMENTS = (
             "python scripts/induction.py runs/induction-schemes-3 "
             "--table docs/heads/schemes-3/formation.md",
         ),
+    ),
+    Experiment(
+        "induction-schemes-4",
+        "heads/schemes-4",
+        "49-52",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_4} "
+            "--out runs/induction-schemes-4",
+            "python scripts/induction.py runs/induction-schemes-4 "
+            "--table docs/heads/schemes-4/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-5",
+        "heads/schemes-5",
+        "49-52",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_5} "
+            "--out runs/induction-schemes-5",
+            "python scripts/induction.py runs/induction-schemes-5 "
+            "--table docs/heads/schemes-5/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-all",
+        "heads/schemes",
+        "41-44, 49-52",
+        (
+            f"python scripts/induction.py {INDUCTION_RUNS} "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png "
+            + " ".join(
+                f"--panel '{title}=" + ",".join(f"position={g}" for g in groups.split(",")) + "'"
+                for title, groups in INDUCTION_PANELS.items()
+            ),
+        ),
+        report="-",
     ),
     Experiment(
         "passkey-rope",
