@@ -424,7 +424,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-2",
         "heads/schemes-2",
-        "49-52",
+        "44, 49, 50",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_2} "
             "--out runs/induction-schemes-2",
@@ -435,7 +435,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-3",
         "heads/schemes-3",
-        "49-52",
+        "44, 51",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_3} "
             "--out runs/induction-schemes-3",
@@ -446,7 +446,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-4",
         "heads/schemes-4",
-        "49-52",
+        "52",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_4} "
             "--out runs/induction-schemes-4",
@@ -457,7 +457,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-5",
         "heads/schemes-5",
-        "49-52",
+        "53",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_5} "
             "--out runs/induction-schemes-5",
@@ -468,7 +468,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-all",
         "heads/schemes",
-        "41-44, 49-52",
+        "41-44, 49-53",
         (
             f"python scripts/induction.py {INDUCTION_RUNS} "
             "--table docs/heads/schemes/formation.md "
