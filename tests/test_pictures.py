@@ -77,7 +77,7 @@ def test_induction_against_step_tells_seventeen_schemes_apart_and_marks_the_thre
     assert any(list(line.get_ydata()) == [0.5, 0.5] for line in ax.lines)  # the threshold
 
 
-def test_induction_against_step_in_panels_keeps_each_scheme_one_colour_and_the_legend_clear():
+def test_induction_against_step_in_panels_gives_each_its_colours_and_legend_and_rope_one_colour():
     curves = {f"position={n}": [([25, 50], [0.1, 0.9])] for n in ("rope", "t5", "fox", "none")}
     panels = {
         "biases": ["position=rope", "position=t5"],
@@ -85,14 +85,14 @@ def test_induction_against_step_in_panels_keeps_each_scheme_one_colour_and_the_l
         "nothing": ["position=none"],
     }
     fig = plots.induction_vs_step_figure(curves, 0.5, panels)
-    _legend_clear(fig)
-    shown = fig.axes
-    assert [ax.get_title() for ax in shown] == list(panels)  # the fourth cell left empty
-    drawn = [[ln.get_label() for ln in ax.lines if ln.get_label()[0] != "_"] for ax in shown]
-    assert drawn == list(panels.values())  # one seed: the group's name alone
-    rope = [ln.get_color() for ax in shown for ln in ax.lines if ln.get_label() == "position=rope"]
-    assert len(rope) == 2 and rope[0] == rope[1]  # the reference in two panels, one colour
-    assert [len(ax.get_xlabel()) > 0 for ax in shown] == [False, True, True]  # bottom of a column
+    assert [ax.get_title() for ax in fig.axes] == list(panels)  # the fourth cell left empty
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]
+    assert legends == list(panels.values())  # one seed: the group's name alone
+    first = [[ln.get_color() for ln in ax.lines][:2] for ax in fig.axes]
+    assert first[0][0] == first[1][0] == first[2][0]  # the first of each panel: one colour
+    assert first[0][1] == first[1][1] != first[0][0]  # t5 and fox: each panel's second colour
+    assert [len(ax.get_xlabel()) > 0 for ax in fig.axes] == [False, True, True]  # column bottoms
+    assert not fig.legends
 
 
 def test_a_single_logged_point_is_drawn_as_a_marker():

@@ -184,7 +184,9 @@ def induction_vs_step(
     """The best induction score among a run's heads against step, one line per group (the mean
     over seeds, the min-max range shaded); dotted, the score at which its heads are said to have
     formed (docs/heads.md). With ``panels``, a grid of small panels, each drawing the groups it
-    names (a group may be in several, as a reference), each group one colour throughout."""
+    names in colours of its own and its own legend in its upper left, where every curve is
+    still at the floor (a group may be in several panels, as a reference: first, it is blue in
+    each)."""
     return _save(induction_vs_step_figure(curves, threshold, panels), path)
 
 
@@ -196,31 +198,31 @@ def induction_vs_step_figure(
     curves: Curves, threshold: float, panels: Panels | None = None
 ) -> Figure:
     title = f"Induction heads forming (dotted: {threshold:g}, formed)"
-    panels = panels or {title: list(curves)}
-    cols = min(2, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    size = (8, _height(len(curves))) if cols == 1 else (11, 3.2 * rows + 0.25 * len(curves))
+    grid = panels or {title: list(curves)}
+    cols = min(2, len(grid))
+    rows = math.ceil(len(grid) / cols)
+    size = (8, _height(len(curves))) if cols == 1 else (11, 3.6 * rows)
     fig = Figure(figsize=size, layout="constrained")
     axes = list(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flat)
-    drawn = axes[: len(panels)]
-    colour = dict(zip(curves, _colours(len(curves)), strict=True))
-    style = {group: "-" if i < 10 else "--" for i, group in enumerate(curves)}  # past tab10
-    for i, (ax, (name, groups)) in enumerate(zip(drawn, panels.items(), strict=True)):
-        for group in groups:
-            _draw_group(ax, curves[group], colour[group], group, style[group])
+    for i, (ax, (name, groups)) in enumerate(zip(axes, grid.items(), strict=False)):
+        for k, (group, colour) in enumerate(zip(groups, _colours(len(groups)), strict=True)):
+            _draw_group(ax, curves[group], colour, group, "-" if k < 10 else "--")  # past tab10
         ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
         ax.set(title=name, ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-        if i + cols >= len(panels):  # the bottom panel of its column
+        if i + cols >= len(grid):  # the bottom panel of its column
             ax.set(xlabel="step")
             ax.xaxis.set_tick_params(labelbottom=True)
         if i % cols == 0:
             ax.set(ylabel="best induction score among the heads")
-    for ax in axes[len(panels) :]:  # a last row left half empty
+        if panels:
+            ax.legend(loc="upper left", fontsize="small")
+    for ax in axes[len(grid) :]:  # a last row left half empty
         ax.remove()
-    if cols > 1:
+    if panels:
         fig.suptitle(title)
-    _figure_legend(fig, drawn)
+    else:
+        _figure_legend(fig, axes)
     return fig
 
 
