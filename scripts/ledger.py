@@ -446,7 +446,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-4",
         "heads/schemes-4",
-        "52",
+        "49, 52, 53",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_4} "
             "--out runs/induction-schemes-4",
@@ -457,7 +457,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-5",
         "heads/schemes-5",
-        "53",
+        "44, 54",
         (
             f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_5} "
             "--out runs/induction-schemes-5",
@@ -468,7 +468,7 @@ EXPERIMENTS = (
     Experiment(
         "induction-schemes-all",
         "heads/schemes",
-        "41-44, 49-53",
+        "41-44, 49-54",
         (
             f"python scripts/induction.py {INDUCTION_RUNS} "
             "--table docs/heads/schemes/formation.md "
