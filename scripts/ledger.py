@@ -61,14 +61,17 @@ INDUCTION = (
 )
 INDUCTION_SCHEMES = "rope,sinusoidal,learned,alibi,none"
 INDUCTION_SCHEMES_2 = "t5,fire,fox"
-"""The schemes of the second and third experiments: each fits 15 minutes on one core (T5 about
-53 s a seed of 2000 steps, FIRE and FoX 98, CoPE 146, PoPE 109, RoPE 34: 200 steps of one seed,
-measured alone on one core of the AMD EPYC)."""
+"""The schemes of the second and third experiments, sized by 200 steps of one seed on one core of
+the AMD EPYC, the other running other work (T5 5.1 s, FIRE 9.6, FoX 9.4, CoPE 14.4, PoPE 10.6,
+RoPE 3.2): each took under 9 minutes on one core (docs/claims/RUN.md)."""
 INDUCTION_SCHEMES_3 = "cope,pope"
 INDUCTION_SCHEMES_4 = "kerple,sandwich,xpos,fope,hope,rope+model.rope_p=0.25"
 """Measured as the others (200 steps, one core): KERPLE 5.2 s, Sandwich 3.3, xPos 3.1, FoPE 2.9,
 HoPE 3.1, against DAPE's 16.1 and PaTH's 14.7, which make the fifth experiment alone."""
 INDUCTION_SCHEMES_5 = "dape,path"
+"""It took 22 minutes on one core beside other work, where ten times the 200 steps foretold 15
+(a seed took 3.4 and 3.9 minutes, not 2.7 and 2.5): over 15 on one core; to rerun within 15 on
+one core, DAPE and PaTH each need an experiment of their own."""
 INDUCTION_RUNS = " ".join(
     f"runs/induction-{name}"
     for name in ("schemes", "stick-breaking", "schemes-2", "schemes-3", "schemes-4", "schemes-5")
