@@ -8,7 +8,8 @@ context length).
     python scripts/induction.py runs/induction-olsson --table docs/heads/olsson/formation.md
     python scripts/induction.py runs/induction-context --fit model.context_length \\
         --table docs/heads/context/formation.md
-    python scripts/induction.py runs/induction-schemes --picture docs/heads/schemes/induction.png
+    python scripts/induction.py runs/induction-schemes --picture docs/heads/schemes/induction.png \\
+        --panel "rotations=position=rope,position=xpos" --panel "biases=position=rope,..."
 
 Per run, from its evaluations (every ``train.eval_every`` steps), with ``best`` the largest
 induction score among all its layers' heads:
@@ -181,6 +182,26 @@ def fit(groups: dict[str, list[dict]], values: dict[str, float], key: str) -> li
     ]  # fmt: skip
 
 
+def panels(specs: list[str], groups: list[str]) -> dict[str, list[str]] | None:
+    """``--panel TITLE=GROUP,GROUP`` as {title: groups}; every group must be in one panel at
+    least (a picture of "all the schemes" leaves none out), and each name a group."""
+    if not specs:
+        return None
+    found: dict[str, list[str]] = {}
+    for spec in specs:
+        title, _, names = spec.partition("=")
+        found[title] = [n.strip() for n in names.split(",") if n.strip()]
+        unknown = [n for n in found[title] if n not in groups]
+        if not title or not found[title] or unknown:
+            raise LMError(
+                f"--panel {spec!r}: want TITLE=GROUP,GROUP with groups among {', '.join(groups)}"
+            )
+    left = [g for g in groups if not any(g in names for names in found.values())]
+    if left:
+        raise LMError(f"--panel: {', '.join(left)} in no panel")
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="runs, or folders of runs (a sweep's --out)")
@@ -188,6 +209,12 @@ def main() -> None:
     parser.add_argument("--fit", metavar="KEY", help="fit formation step ~ KEY^b (a config key)")
     parser.add_argument("--table", help="also write the tables to this file")
     parser.add_argument("--picture", help="draw the best induction score against step here")
+    parser.add_argument(
+        "--panel",
+        action="append",
+        metavar="TITLE=GROUP,...",
+        help="with --picture, a panel of these groups (the table's rows); repeat for a grid",
+    )
     args = parser.parse_args()
     try:
         groups: dict[str, list[dict]] = {}
@@ -197,6 +224,7 @@ def main() -> None:
             groups.setdefault(name, []).append(measure(run, args.threshold))
             if args.fit:
                 values[name] = setting(run, args.fit)
+        grid = panels(args.panel or [], list(groups))
     except (LMError, OSError, KeyError, ValueError) as e:
         sys.exit(f"induction.py: {e}")
     lines = table(groups, args.threshold)
@@ -208,7 +236,7 @@ def main() -> None:
         Path(args.table).write_text("\n".join(lines) + "\n", encoding="utf-8")
     if args.picture:
         curves = {name: [f["curve"] for f in found] for name, found in groups.items()}
-        plots.induction_vs_step(curves, args.threshold, args.picture)
+        plots.induction_vs_step(curves, args.threshold, args.picture, grid)
 
 
 if __name__ == "__main__":

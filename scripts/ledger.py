@@ -67,6 +67,29 @@ ONE_SEQUENCE = (
     "data.mode=padded data.repeats_distinct=false train.max_steps=1000 train.eval_every=10"
 )
 """One sequence per row, its letters drawn with replacement, evaluated every 10 steps."""
+INDUCTION_SCHEMES_2 = "t5,fire,fox"
+"""The schemes of the second and third experiments, sized by 200 steps of one seed on one core of
+the AMD EPYC, the other running other work (T5 5.1 s, FIRE 9.6, FoX 9.4, CoPE 14.4, PoPE 10.6,
+RoPE 3.2): each took under 9 minutes on one core (docs/claims/RUN.md)."""
+INDUCTION_SCHEMES_3 = "cope,pope"
+INDUCTION_SCHEMES_4 = "kerple,sandwich,xpos,fope,hope,rope+model.rope_p=0.25"
+"""Measured as the others (200 steps, one core): KERPLE 5.2 s, Sandwich 3.3, xPos 3.1, FoPE 2.9,
+HoPE 3.1, against DAPE's 16.1 and PaTH's 14.7, which make the fifth experiment alone."""
+INDUCTION_SCHEMES_5 = "dape,path"
+"""It took 22 minutes on one core beside other work, where ten times the 200 steps foretold 15
+(a seed took 3.4 and 3.9 minutes, not 2.7 and 2.5): over 15 on one core; to rerun within 15 on
+one core, DAPE and PaTH each need an experiment of their own."""
+INDUCTION_RUNS = " ".join(
+    f"runs/induction-{name}"
+    for name in ("schemes", "stick-breaking", "schemes-2", "schemes-3", "schemes-4", "schemes-5")
+)
+INDUCTION_PANELS = {
+    "no positions, or positions added to the embeddings": "rope,none,learned,sinusoidal",
+    "queries and keys rotated": "rope,xpos,rope+rope_p=0.25,hope,fope,pope",
+    "a bias by distance": "rope,alibi,t5,kerple,sandwich,fire,dape",
+    "position from content": "rope,fox,cope,path,none+normalize=stick_breaking",
+}
+"""The picture of every scheme measured, a panel per family, RoPE drawn in each for reference."""
 PASSKEY_REPORT = "--eval-lengths 1x --eval-batches 4"
 """The passkey sweeps' loss at the trained length only (their grid is the measure), on 4
 batches."""
@@ -408,6 +431,65 @@ EXPERIMENTS = (
             "--table docs/heads/schemes/formation.md "
             "--picture docs/heads/schemes/induction_vs_step.png",
         ),
+    ),
+    Experiment(
+        "induction-schemes-2",
+        "heads/schemes-2",
+        "44, 53, 54",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_2} "
+            "--out runs/induction-schemes-2",
+            "python scripts/induction.py runs/induction-schemes-2 "
+            "--table docs/heads/schemes-2/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-3",
+        "heads/schemes-3",
+        "44, 55",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_3} "
+            "--out runs/induction-schemes-3",
+            "python scripts/induction.py runs/induction-schemes-3 "
+            "--table docs/heads/schemes-3/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-4",
+        "heads/schemes-4",
+        "53, 56, 57",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_4} "
+            "--out runs/induction-schemes-4",
+            "python scripts/induction.py runs/induction-schemes-4 "
+            "--table docs/heads/schemes-4/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-5",
+        "heads/schemes-5",
+        "44, 58",
+        (
+            f"{INDUCTION} --vary model.position={INDUCTION_SCHEMES_5} "
+            "--out runs/induction-schemes-5",
+            "python scripts/induction.py runs/induction-schemes-5 "
+            "--table docs/heads/schemes-5/formation.md",
+        ),
+    ),
+    Experiment(
+        "induction-schemes-all",
+        "heads/schemes",
+        "41-44, 53-58",
+        (
+            f"python scripts/induction.py {INDUCTION_RUNS} "
+            "--table docs/heads/schemes/formation.md "
+            "--picture docs/heads/schemes/induction_vs_step.png "
+            + " ".join(
+                f"--panel '{title}=" + ",".join(f"position={g}" for g in groups.split(",")) + "'"
+                for title, groups in INDUCTION_PANELS.items()
+            ),
+        ),
+        report="-",
     ),
     Experiment(
         "passkey-rope",

@@ -320,3 +320,32 @@ def test_the_fit_finds_the_exponent_of_formation_against_context(tmp_path, capsy
     assert "| model.context_length=64 | 2 | 2 of 2 | 1600 ± 0 |" in out
     assert "exponent, each seed's own fit: 2.00 ± 0.00" in out
     assert "exponent of the means' fit: 2.00" in out
+
+
+def test_the_picture_draws_a_panel_per_family_and_refuses_to_leave_a_run_out(
+    tmp_path, capsys, monkeypatch
+):
+    induction = _script()
+    for scheme, best in (("rope", 0.9), ("t5", 0.6), ("none", 0.03)):
+        for seed in (1, 2):
+            _logged(tmp_path / f"position={scheme}" / f"seed{seed}", [0.0, best], [3, 2], [0, -1])
+    drawn = {}
+    monkeypatch.setattr(
+        induction.plots, "induction_vs_step", lambda c, t, p, grid: drawn.update(grid=grid)
+    )
+    argv = ["induction.py", str(tmp_path), "--picture", str(tmp_path / "p.png")]
+    biases = "biases=position=rope,position=t5"
+    monkeypatch.setattr(sys, "argv", [*argv, "--panel", biases, "--panel", "none=position=none"])
+    induction.main()
+    assert drawn["grid"] == {
+        "biases": ["position=rope", "position=t5"],
+        "none": ["position=none"],
+    }
+    monkeypatch.setattr(sys, "argv", [*argv, "--panel", biases])  # position=none in no panel
+    with pytest.raises(SystemExit) as e:
+        induction.main()
+    assert str(e.value) == "induction.py: --panel: position=none in no panel"
+    monkeypatch.setattr(sys, "argv", [*argv, "--panel", "biases=position=alibi"])
+    with pytest.raises(SystemExit) as e:
+        induction.main()
+    assert "'biases=position=alibi'" in str(e.value) and "\n" not in str(e.value)

@@ -77,6 +77,24 @@ def test_induction_against_step_tells_seventeen_schemes_apart_and_marks_the_thre
     assert any(list(line.get_ydata()) == [0.5, 0.5] for line in ax.lines)  # the threshold
 
 
+def test_induction_against_step_in_panels_gives_each_its_colours_and_legend_and_rope_one_colour():
+    curves = {f"position={n}": [([25, 50], [0.1, 0.9])] for n in ("rope", "t5", "fox", "none")}
+    panels = {
+        "biases": ["position=rope", "position=t5"],
+        "content": ["position=rope", "position=fox"],
+        "nothing": ["position=none"],
+    }
+    fig = plots.induction_vs_step_figure(curves, 0.5, panels)
+    assert [ax.get_title() for ax in fig.axes] == list(panels)  # the fourth cell left empty
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes]
+    assert legends == list(panels.values())  # one seed: the group's name alone
+    first = [[ln.get_color() for ln in ax.lines][:2] for ax in fig.axes]
+    assert first[0][0] == first[1][0] == first[2][0]  # the first of each panel: one colour
+    assert first[0][1] == first[1][1] != first[0][0]  # t5 and fox: each panel's second colour
+    assert [len(ax.get_xlabel()) > 0 for ax in fig.axes] == [False, True, True]  # column bottoms
+    assert not fig.legends
+
+
 def test_a_single_logged_point_is_drawn_as_a_marker():
     fig = plots.loss_curves_figure({"validation loss": _curves(["a"], points=1)}, "step")
     (line,) = fig.axes[0].lines

@@ -178,29 +178,51 @@ def accuracy_vs_length_figure(curves: Curves, trained: dict[str, range]) -> Figu
     return fig
 
 
-def induction_vs_step(curves: Curves, threshold: float, path: str | Path) -> Path:
+def induction_vs_step(
+    curves: Curves, threshold: float, path: str | Path, panels: Panels | None = None
+) -> Path:
     """The best induction score among a run's heads against step, one line per group (the mean
     over seeds, the min-max range shaded); dotted, the score at which its heads are said to have
-    formed (docs/heads.md)."""
-    return _save(induction_vs_step_figure(curves, threshold), path)
+    formed (docs/heads.md). With ``panels``, a grid of small panels, each drawing the groups it
+    names in colours of its own and its own legend in its upper left, where every curve is
+    still at the floor (a group may be in several panels, as a reference: first, it is blue in
+    each)."""
+    return _save(induction_vs_step_figure(curves, threshold, panels), path)
 
 
-def induction_vs_step_figure(curves: Curves, threshold: float) -> Figure:
-    fig = Figure(figsize=(8, _height(len(curves))), layout="constrained")
-    ax = fig.subplots()
-    for i, ((group, runs), colour) in enumerate(
-        zip(curves.items(), _colours(len(curves)), strict=True)
-    ):
-        _draw_group(ax, runs, colour, group, "-" if i < 10 else "--")  # past tab10, dashed too
-    ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
-    ax.set(
-        xlabel="step",
-        ylabel="best induction score among the heads",
-        title=f"Induction heads forming (dotted: {threshold:g}, formed)",
-        ylim=(-0.02, 1.02),
-    )
-    ax.grid(alpha=0.3)
-    _figure_legend(fig, [ax])
+Panels = dict[str, Sequence[str]]
+"""Panel title to the groups it draws, in order."""
+
+
+def induction_vs_step_figure(
+    curves: Curves, threshold: float, panels: Panels | None = None
+) -> Figure:
+    title = f"Induction heads forming (dotted: {threshold:g}, formed)"
+    grid = panels or {title: list(curves)}
+    cols = min(2, len(grid))
+    rows = math.ceil(len(grid) / cols)
+    size = (8, _height(len(curves))) if cols == 1 else (11, 3.6 * rows)
+    fig = Figure(figsize=size, layout="constrained")
+    axes = list(fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).flat)
+    for i, (ax, (name, groups)) in enumerate(zip(axes, grid.items(), strict=False)):
+        for k, (group, colour) in enumerate(zip(groups, _colours(len(groups)), strict=True)):
+            _draw_group(ax, curves[group], colour, group, "-" if k < 10 else "--")  # past tab10
+        ax.axhline(threshold, color="grey", linestyle=":", linewidth=1.2)
+        ax.set(title=name, ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+        if i + cols >= len(grid):  # the bottom panel of its column
+            ax.set(xlabel="step")
+            ax.xaxis.set_tick_params(labelbottom=True)
+        if i % cols == 0:
+            ax.set(ylabel="best induction score among the heads")
+        if panels:
+            ax.legend(loc="upper left", fontsize="small")
+    for ax in axes[len(grid) :]:  # a last row left half empty
+        ax.remove()
+    if panels:
+        fig.suptitle(title)
+    else:
+        _figure_legend(fig, axes)
     return fig
 
 
