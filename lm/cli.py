@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lm import __version__
-from lm.benchmark.flags import add_bench_parser, bench_command
+from lm.benchmark.flags import add_bench_parser, add_overrides, bench_command
 from lm.config.errors import FLAGS, LMError, one_line
 from lm.config.names import SPLITS
 from lm.config.outside import trusting, user_files
@@ -128,14 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a model from a YAML config")
     t.add_argument("config", help="YAML config (see configs/)")
-    t.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys by dotted name, e.g. --set model.position=alibi train.lr=3e-4",
+    add_overrides(
+        t, "override config keys by dotted name, e.g. --set model.position=alibi train.lr=3e-4"
     )
     t.add_argument("--out", help="run directory (default: runs/<config name>)")
     group = t.add_mutually_exclusive_group()
@@ -225,15 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--seeds", type=_seeds, help="train.seed values, e.g. 1,2,3 (default: the config's)"
     )
-    c.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys for every run of the sweep",
-    )
+    add_overrides(c, "override config keys for every run of the sweep")
     c.add_argument("--out", help="folder of the sweep's runs and report (default: runs/compare)")
     c.add_argument(
         "--prompt",

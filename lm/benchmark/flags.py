@@ -8,6 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 
+def add_overrides(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE ...`` into ``overrides``: lm train's, lm compare's and lm bench's."""
+    parser.add_argument(
+        "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+        help=help,
+    )  # fmt: skip
+
+
 def add_bench_parser(sub: Any, jobs: Callable[[str], int | str]) -> None:
     """``lm bench`` among the command line's subcommands; ``jobs`` reads ``--jobs``."""
     b = sub.add_parser(
@@ -22,15 +30,7 @@ def add_bench_parser(sub: Any, jobs: Callable[[str], int | str]) -> None:
         help="a builtin scheme (rope, alibi, ...) or one of your own: path/to/file.py:Class or "
         "module:Class",
     )
-    b.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys in every benchmark, e.g. --set model.rope_base=500",
-    )
+    add_overrides(b, "override config keys in every benchmark, e.g. --set model.rope_base=500")
     b.add_argument(
         "--quick",
         action="store_true",
