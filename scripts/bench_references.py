@@ -6,6 +6,7 @@ saying where, when, at which commit and in what wall time it ran.
     python scripts/bench_references.py --quick          # every builtin, the quick battery
     python scripts/bench_references.py                  # every builtin, the full battery
     python scripts/bench_references.py rope p-rope      # the named ones
+    python scripts/bench_references.py --jobs auto      # each scheme's runs side by side
 
 Resumable per scheme: a scheme whose reference for this battery is there (made with the same
 battery settings) is skipped, its runs under ``runs/bench-references/`` are reused by the next
@@ -96,7 +97,18 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="the quick battery (1 seed)")
     parser.add_argument("--again", action="store_true", help="remake references already there")
+    parser.add_argument(
+        "--jobs",
+        default="1",
+        help="each scheme's runs trained at once, as lm bench --jobs (default 1; auto: decided "
+        "on the length curve's shape); the numbers do not depend on it",
+    )
     args = parser.parse_args()
+    if args.jobs != "auto" and not (args.jobs.isdigit() and int(args.jobs) > 0):
+        said = f"bench_references: --jobs {args.jobs}: a whole number above 0, or auto"
+        print(said, file=sys.stderr)
+        return 2
+    jobs = args.jobs if args.jobs == "auto" else int(args.jobs)
     battery = "quick" if args.quick else "full"
     unknown = [s for s in args.schemes if s not in BUILTINS]
     if unknown:
@@ -109,7 +121,7 @@ def main() -> int:
         at, start, watch = commit(), time.perf_counter(), OtherWork()
         position, settings = BUILTINS[scheme]
         planned = plan(position, list(settings), battery, OUT / battery / scheme)
-        made = {**summary(run_battery(planned, battery, jobs=1)), "machine": machine()}
+        made = {**summary(run_battery(planned, battery, jobs=jobs)), "machine": machine()}
         # Read again just before writing: another run of the script may have added its own.
         references = read_references()
         _made(battery, references)["schemes"][scheme] = made
