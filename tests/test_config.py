@@ -47,6 +47,7 @@ def test_model_config_works_from_python():
         ),
         ("model:\n  n_layer: 0\n", "model.n_layer: must be > 0, got 0"),
         ("model:\n  position: xpose\n", "model.position: 'xpose' is not one of rope, sinusoidal"),
+        ("model:\n  position: xpose\n", "dape, path, none (did you mean xpos?)"),
         ("model:\n  kernel: flash\n", "model.kernel: 'flash' is not one of sdpa, flex, math"),
         (
             "model:\n  kernel: flex\n  dropout: 0.1\n",

@@ -6,6 +6,7 @@ calls them in order: each may read what an earlier one set (``layer_positions``,
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from lm.config.errors import ConfigError
@@ -36,7 +37,11 @@ WIDTHS = {"head_dim": "head width d_model/n_head", "d_model": "d_model"}  # Sche
 
 def choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{section}.{name}: {shown(value)} is not one of {', '.join(allowed)}")
+        close = difflib.get_close_matches(value, allowed, n=1) if isinstance(value, str) else []
+        hint = f" (did you mean {close[0]}?)" if close else ""  # a typo, as an unknown key's
+        raise ConfigError(
+            f"{section}.{name}: {shown(value)} is not one of {', '.join(allowed)}{hint}"
+        )
 
 
 def positive(section: str, obj: Any, *names: str, allow_zero: bool = False) -> None:
