@@ -458,3 +458,31 @@ def test_run_json_says_what_ran_and_threads_beyond_the_cores_are_cut(tmp_path, c
     train(resumed, tmp_path / "run", resume=True, quiet=True)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["resumes"][-1]["ran"]["threads"] == 1
+
+
+def test_a_padded_run_counts_its_target_tokens_exactly_and_a_resume_counts_the_same(tmp_path):
+    """metrics.jsonl's ``tokens``: the real target tokens trained on since step 0 (padding
+    not counted), carried through a checkpoint, so lm compare's "tokens seen" is exact for
+    padded data too, and the same for the same command."""
+    from lm.compare.measure import _tokens_seen
+    from lm.data.batches import TrainBatches
+    from lm.data.sources import prepare_data
+
+    data = {"source": "builtin:copy", "mode": "padded", "task_lengths": "1-8",
+            "task_eval_lengths": "1-8", "task_examples": 64, "task_eval_examples": 8,
+            "cache_dir": str(tmp_path / "cache")}  # fmt: skip
+    cfg = tiny_config(data=data, train={"max_steps": 24, "checkpoint_every": 8, "eval_every": 12})
+    train(cfg, tmp_path / "straight", quiet=True)
+    with nan_loss_at_step(13):  # a crash between checkpoints 8 and 16, then resumed from 8
+        train(cfg, tmp_path / "resumed", quiet=True)
+    assert train(cfg, tmp_path / "resumed", resume=True, quiet=True).status == "done"
+    # Counted here from the batches themselves: each row's trained targets, padding not.
+    prepared = prepare_data(cfg.data, log=None)
+    batches = TrainBatches(prepared.train, cfg.data, 32, 8, 1, prepared.tokenizer.pad_id, 7)
+    targets = [int(batches.step(s)[0][0]["loss_mask"].sum()) for s in range(24)]
+    assert batches.padding_fraction > 0
+    for run in ("straight", "resumed"):
+        records = metrics(tmp_path / run)
+        counted = {r["step"]: r["tokens"] for r in records if "tokens" in r}
+        assert counted == {s: sum(targets[:s]) for s in (5, 10, 15, 20, 24)}, run
+        assert _tokens_seen(cfg, 24, records) == (sum(targets), True)

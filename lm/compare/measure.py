@@ -120,10 +120,15 @@ def report_prompt(evaluation: Evaluation, data: DataConfig) -> str:
 
 
 def _tokens_seen(config: Config, step: int, records: list[dict[str, Any]]) -> tuple[int, bool]:
-    """Training tokens (targets) consumed: exact for packed windows (every slot is a real token),
-    else summed from each logged interval's throughput times its duration."""
+    """Training tokens (targets) consumed: exact for packed windows (every slot is a real token)
+    and where metrics.jsonl counted them at the run's step (``tokens``), else, for a run trained
+    before that count was logged, summed from each logged interval's throughput times its
+    duration."""
     if config.data.mode == "packed":
         return step * config.train.batch_size * config.model.context_length, True
+    counted = [r["tokens"] for r in records if "tokens" in r and r.get("step") == step]
+    if counted:
+        return int(counted[-1]), True
     total, before = 0.0, 0.0
     for r in records:
         if "tokens_per_s" in r:

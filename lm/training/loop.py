@@ -471,7 +471,7 @@ def _steps(
         grad_norm, finite = net.stepper.update(step_loss)
         state.record(step_loss, finite, count_skips=not net.scaler.is_enabled())
         state.step += 1
-        state.interval_tokens += n_targets
+        state.trained(n_targets)
         bar.update(1)
         step = state.step
         last = step == tc.max_steps
@@ -526,7 +526,8 @@ def _log_train(
     loss, tok_s = interval["train_loss"], interval["tokens_per_s"]
     # The keys in the order metrics.jsonl has always had them.
     record = {"step": state.step, **_clock(state), "train_loss": loss, "lr": lr, **interval}
-    metrics.write({**record, "rss_mb": resident_mb(), **state.threads_changed()})
+    counted = {} if state.tokens is None else {"tokens": state.tokens}  # since step 0
+    metrics.write({**record, "rss_mb": resident_mb(), **counted, **state.threads_changed()})
     shown = "skipped" if loss is None else f"{loss:.4f}"
     bar.set_postfix(loss=shown, lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}")
 

@@ -124,6 +124,9 @@ class LoopState:
     started: float = 0.0  # time.perf_counter() when this sitting's loop began
     interval_started: float = 0.0
     interval_tokens: int = 0  # target tokens of this sitting's part of the interval
+    # Target tokens trained on since step 0, every sitting's (a checkpoint keeps the count);
+    # None where a checkpoint from before the count was kept cannot say.
+    tokens: int | None = 0
     threads: int = 0  # the CPU threads the math ran on when last logged (run.json: at the start)
 
     @classmethod
@@ -139,6 +142,7 @@ class LoopState:
             step=saved.get("step", 0),
             elapsed_before=saved.get("elapsed_s", 0.0),
             best_val_loss=saved.get("best_val_loss"),
+            tokens=saved.get("tokens", 0 if not saved.get("step") else None),
         )
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -156,6 +160,7 @@ class LoopState:
             "val_loss": self.val_loss,
             "nonfinite_skips": int(skips),
             "log_interval": {"loss_sum": loss, "steps": int(steps)},
+            "tokens": self.tokens,
         }
 
     def record(self, step_loss: torch.Tensor, finite: torch.Tensor, count_skips: bool) -> None:
@@ -205,3 +210,9 @@ class LoopState:
         self.interval_loss.zero_()
         self.interval_steps.zero_()
         self.interval_tokens, self.interval_started = 0, now
+
+    def trained(self, targets: int) -> None:
+        """Count a step's target tokens (the whole global batch's, known on the host)."""
+        self.interval_tokens += targets
+        if self.tokens is not None:
+            self.tokens += targets
