@@ -7,6 +7,7 @@ saying where, when, at which commit and in what wall time it ran.
     python scripts/bench_references.py                  # every builtin, the full battery
     python scripts/bench_references.py rope p-rope      # the named ones
     python scripts/bench_references.py --jobs auto      # each scheme's runs side by side
+    python scripts/bench_references.py --table          # the full references as a table
 
 Resumable per scheme: a scheme whose reference for this battery is there (made with the same
 battery settings) is skipped, its runs under ``runs/bench-references/`` are reused by the next
@@ -26,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from lm.benchmark.battery import BUILTINS, SEEDS
+from lm.benchmark.battery import BUILTINS, SEEDS, benchmarks, scores
 from lm.benchmark.card import REFERENCES, battery_settings, read_references
 from lm.benchmark.run import plan, run_battery, summary
 from lm.config.errors import LMError
@@ -90,6 +91,32 @@ def _made(battery: str, references: dict | None = None) -> dict:
     return made
 
 
+def table(battery: str) -> str:
+    """The battery's references as a Markdown table, a row per builtin made (in the card's
+    order of schemes) and a column per score: mean ± std over the seeds, the best in bold."""
+    made = _made(battery)["schemes"]
+    ids = [s.id(b) for b in benchmarks(battery) for s in b.scores]
+    shown, best = scores(), {}
+    for key in ids:
+        means = [m["scores"][key]["mean"] for m in made.values()]
+        means = [m for m in means if m is not None]
+        best[key] = (max if shown[key].higher_is_better else min)(means, default=None)
+    lines = [
+        "| scheme | " + " | ".join(ids) + " |",
+        "|---|" + "---:|" * len(ids),
+    ]
+    for scheme in (s for s in BUILTINS if s in made):
+        cells = []
+        for key in ids:
+            got = made[scheme]["scores"][key]
+            text = shown[key].text(got["mean"])
+            if got["mean"] is not None and got.get("std") is not None:
+                text += f" ± {shown[key].text(got['std'])}"
+            cells.append(f"**{text}**" if got["mean"] == best[key] is not None else text)
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -97,6 +124,9 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="the quick battery (1 seed)")
     parser.add_argument("--again", action="store_true", help="remake references already there")
+    parser.add_argument(
+        "--table", action="store_true", help="print the references made as a table; train none"
+    )
     parser.add_argument(
         "--jobs",
         default="1",
@@ -110,6 +140,9 @@ def main() -> int:
         return 2
     jobs = args.jobs if args.jobs == "auto" else int(args.jobs)
     battery = "quick" if args.quick else "full"
+    if args.table:
+        print(table(battery))
+        return 0
     unknown = [s for s in args.schemes if s not in BUILTINS]
     if unknown:
         print(f"bench_references: not builtin schemes: {', '.join(unknown)}", file=sys.stderr)
